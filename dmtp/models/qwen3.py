@@ -1,0 +1,184 @@
+"""Qwen3-family building blocks shared by the MTP layer, the DFlash drafter and the fast target runner.
+
+Parameter names follow Hugging Face's Qwen3 implementation, so checkpoint tensors load by name.
+Every attention call goes through `attend`, which takes an explicit boolean mask (True = may attend):
+the decoding loop, the training masks and the MTP cache all express visibility the same way.
+"""
+from __future__ import annotations
+
+
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in fp32. `zero_centered` selects the Qwen3-Next/3.5 flavour x*(1+w)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, zero_centered: bool = False):
+        super().__init__()
+        self.eps = eps
+        self.zero_centered = zero_centered
+        self.weight = nn.Parameter(torch.zeros(dim) if zero_centered else torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        w = self.weight.float()
+        if self.zero_centered:
+            return (x * (1.0 + w)).to(dtype)
+        # Cast before the multiply, as transformers' Qwen3RMSNorm does, so bf16 results agree.
+        return w.to(dtype) * x.to(dtype)
+
+
+def rope_inv_freq(rotary_dim: int, theta: float) -> torch.Tensor:
+    return 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype):
+    """cos/sin of shape [*positions.shape, rotary_dim] for NeoX-style (rotate_half) RoPE."""
+    freqs = positions.to(torch.float32)[..., None] * inv_freq.to(positions.device)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [B, heads, T, d]; cos/sin: [B, T, r] with r <= d (partial rotary rotates the first r dims)."""
+    cos, sin = cos[:, None], sin[:, None]
+    r = cos.shape[-1]
+    if r == x.shape[-1]:
+        return x * cos + _rotate_half(x) * sin
+    rot, keep = x[..., :r], x[..., r:]
+    return torch.cat([rot * cos + _rotate_half(rot) * sin, keep], dim=-1)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Scaled dot-product attention with GQA. q [B,h,Tq,d], k/v [B,hkv,Tk,d], mask bool [B,1|h,Tq,Tk]."""
+    if k.shape[1] != q.shape[1]:
+        rep = q.shape[1] // k.shape[1]
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+    if mask is not None:
+        # A fully masked row would give NaN; let it attend to nothing harmful (its output is unused).
+        mask = mask | ~mask.any(-1, keepdim=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+class Qwen3Attention(nn.Module):
+    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, eps: float,
+                 bias: bool = False):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
+        self.q_norm = RMSNorm(head_dim, eps)
+        self.k_norm = RMSNorm(head_dim, eps)
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, n, self.head_dim).transpose(1, 2)
+
+    def project_q(self, x, cos, sin):
+        return apply_rope(self.q_norm(self._heads(self.q_proj(x), self.num_heads)), cos, sin)
+
+    def project_kv(self, x, cos, sin):
+        """Keys (normed, rotated) and values of `x`: what a KV cache stores for these rows."""
+        k = apply_rope(self.k_norm(self._heads(self.k_proj(x), self.num_kv_heads)), cos, sin)
+        v = self._heads(self.v_proj(x), self.num_kv_heads)
+        return k, v
+
+    def output(self, attn: torch.Tensor) -> torch.Tensor:
+        b, _, t, _ = attn.shape
+        return self.o_proj(attn.transpose(1, 2).reshape(b, t, -1))
+
+
+class Qwen3MLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class KVCache:
+    """Static per-layer K/V buffers [B, hkv, Lmax, d]; rows are written at per-request positions.
+
+    Nothing is ever sliced or cropped: a rejected row stays in memory, hidden by the caller's
+    length-based mask, and is overwritten by the next write at that position.
+    """
+
+    def __init__(self, batch: int, num_kv_heads: int, max_len: int, head_dim: int, dtype, device):
+        shape = (batch, num_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+    def write(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """positions [B, T] (absolute, < max_len); k/v [B, hkv, T, d]."""
+        idx = positions[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
+        self.k.scatter_(2, idx, k.to(self.k.dtype))
+        self.v.scatter_(2, idx, v.to(self.v.dtype))
+
+
+class Qwen3DecoderLayer(nn.Module):
+    """Pre-norm attention + SwiGLU layer over a static KV cache (target runner and MTP)."""
+
+    def __init__(self, hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size, eps,
+                 attention_bias: bool = False):
+        super().__init__()
+        self.self_attn = Qwen3Attention(hidden_size, num_heads, num_kv_heads, head_dim, eps, attention_bias)
+        self.mlp = Qwen3MLP(hidden_size, intermediate_size)
+        self.input_layernorm = RMSNorm(hidden_size, eps)
+        self.post_attention_layernorm = RMSNorm(hidden_size, eps)
+
+    def forward(self, x, cos, sin, mask, cache: KVCache | None = None, positions=None):
+        """Without a cache, attends over the rows of `x` itself (teacher-forced); with one, writes
+        the rows at `positions` and attends over the whole cache under `mask` [B,1,T,Lmax]."""
+        h = self.input_layernorm(x)
+        attn = self.self_attn
+        q = attn.project_q(h, cos, sin)
+        k, v = attn.project_kv(h, cos, sin)
+        if cache is not None:
+            cache.write(positions, k, v)
+            k, v = cache.k, cache.v
+        x = x + attn.output(attend(q, k, v, mask))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def causal_mask(t: int, device) -> torch.Tensor:
+    return torch.ones(t, t, dtype=torch.bool, device=device).tril()[None, None]
+
+
+def cache_mask(positions: torch.Tensor, max_len: int, first_valid: int = 0) -> torch.Tensor:
+    """[B,1,T,Lmax]: the row at absolute position p sees cache slots first_valid..p."""
+    slots = torch.arange(max_len, device=positions.device)
+    return ((slots[None, None, :] <= positions[:, :, None]) & (slots >= first_valid))[:, None]
+
+
+def init_linear_(module: nn.Module, std: float = 0.02) -> None:
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=std)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+
+__all__ = [
+    "RMSNorm", "rope_inv_freq", "rope_cos_sin", "apply_rope", "attend", "Qwen3Attention", "Qwen3MLP",
+    "KVCache", "Qwen3DecoderLayer", "causal_mask", "cache_mask", "init_linear_",
+]
