@@ -1,0 +1,188 @@
+"""Device-side verification of a speculative block (SPEC §5, decode-loop.md §2).
+
+Every round the target runs one forward over ``[A, c1..cK]`` and returns logits
+``[B, K+1, V]``: position ``i`` predicts the token that follows ``c_i`` (``c_0 = A``).
+This module turns those logits into the round's emitted tokens and the number of
+accepted candidates per row.
+
+All functions stay on the tensors' device and use only fixed-shape ops: no ``.item()``,
+``.cpu()``, ``nonzero``, boolean-mask indexing, data-dependent Python branches or
+``torch.multinomial``. The only Python branches are on plain Python arguments
+(``temperature``, ``top_k``, ``top_p``), which are fixed when a CUDA graph is captured
+(one graph per sampling mode).
+
+Conventions
+-----------
+* ``candidates[:, i]`` (``i = 0..K-1``) is the drafted token ``c_{i+1}``; it is checked
+  against the target's distribution / sample at position ``i``.
+* ``accepted[b]`` in ``0..K`` counts accepted candidates; the round emits
+  ``accepted + 1`` tokens (accepted drafts + one correction or bonus token).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "probs_from_logits",
+    "sample_tokens",
+    "sample_from_probs",
+    "accept_target_only",
+    "accept_rejection_sampling",
+]
+
+
+def _filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """Mask (to ``-inf``) tokens outside the top-k set and outside the top-p nucleus.
+
+    ``logits`` are already temperature-scaled, float32. Top-k is applied first, then top-p
+    on the renormalised remaining distribution. The most likely token is always kept.
+    """
+    vocab = logits.shape[-1]
+    if top_k and 0 < top_k < vocab:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, sorted_idx = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)
+        # mass strictly before each token (in sorted order); drop a token once the tokens
+        # before it already cover top_p.
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        remove_sorted = mass_before >= top_p
+        remove_sorted[..., :1] = False  # always keep the argmax
+        remove = torch.zeros_like(remove_sorted).scatter(-1, sorted_idx, remove_sorted)
+        logits = logits.masked_fill(remove, float("-inf"))
+    return logits
+
+
+def probs_from_logits(
+    logits: Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0
+) -> Tensor:
+    """Sampling distribution (float32, same shape as ``logits``) after temperature/top-k/top-p.
+
+    ``temperature <= 0`` means greedy: a one-hot distribution on the argmax. This lets
+    rejection sampling at temperature 0 reduce exactly to greedy verification.
+    """
+    if temperature <= 0.0:
+        idx = logits.argmax(dim=-1, keepdim=True)
+        return torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter_(
+            -1, idx, 1.0
+        )
+    scaled = logits.float() / float(temperature)
+    scaled = _filter_logits(scaled, top_k=top_k, top_p=top_p)
+    return torch.softmax(scaled, dim=-1)
+
+
+def sample_from_probs(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """Draw one index per row of ``probs`` (``[..., V]``) with the exponential race.
+
+    ``argmax(p / E)`` with ``E ~ Exponential(1)`` i.i.d. picks index ``v`` with
+    probability ``p_v / sum(p)``; zero-probability indices are never picked. No host sync.
+    """
+    race = torch.empty(probs.shape, dtype=torch.float32, device=probs.device)
+    race.exponential_(1.0, generator=generator)
+    # exponential_ can in principle return 0; keep the division finite (0/0 -> NaN would
+    # win the argmax).
+    race.clamp_min_(torch.finfo(torch.float32).tiny)
+    return (probs.float() / race).argmax(dim=-1)
+
+
+def sample_tokens(
+    logits: Tensor,
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Sample a token at every position: logits ``[B, T, V]`` -> tokens ``[B, T]`` (long).
+
+    ``temperature == 0`` is argmax (``top_k``/``top_p`` are irrelevant then).
+    """
+    if temperature <= 0.0:
+        return logits.argmax(dim=-1)
+    probs = probs_from_logits(logits, temperature, top_k=top_k, top_p=top_p)
+    return sample_from_probs(probs, generator=generator)
+
+
+def accept_target_only(candidates: Tensor, target_tokens: Tensor) -> Tensor:
+    """Target-only acceptance: length of the prefix where ``candidates == target_tokens``.
+
+    Args:
+        candidates: ``[B, K]`` drafted tokens ``c_1..c_K``.
+        target_tokens: ``[B, K+1]`` target argmax / samples at every verify position.
+
+    Returns:
+        ``accepted`` ``[B]`` long in ``0..K``. The round's tokens are
+        ``target_tokens[:, :accepted+1]`` (accepted drafts equal the target tokens, plus the
+        correction or bonus at index ``accepted``). Works for ``K = 0`` (all zeros).
+    """
+    k = candidates.shape[1]
+    if target_tokens.shape[1] != k + 1:
+        raise ValueError(
+            f"target_tokens must have K+1={k + 1} positions, got {tuple(target_tokens.shape)}"
+        )
+    matches = candidates == target_tokens[:, :k]
+    return matches.long().cumprod(dim=1).sum(dim=1)
+
+
+def accept_rejection_sampling(
+    candidates: Tensor,
+    draft_probs: Tensor,
+    target_probs: Tensor,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Speculative rejection sampling over a chain block, fully on device.
+
+    Candidate ``i`` is accepted with probability ``min(1, p_i(c_i) / q_i(c_i))`` provided all
+    earlier candidates were accepted. At the first rejection the correction token is drawn
+    from ``normalize(max(p_i - q_i, 0))`` (falling back to ``p_i`` if that has no mass);
+    when all ``K`` are accepted a bonus token is drawn from ``p_K``. The emitted sequence is
+    distributed exactly as sampling from the target.
+
+    Args:
+        candidates: ``[B, K]`` drafted tokens.
+        draft_probs: ``[B, K, V]`` draft distributions ``q_i`` the candidates were drawn from.
+        target_probs: ``[B, K+1, V]`` target distributions ``p_i`` (same filtering as used
+            for plain sampling, see :func:`probs_from_logits`).
+        generator: optional generator on the tensors' device.
+
+    Returns:
+        ``(emitted [B, K+1] long, accepted [B] long)``. ``emitted[:, :accepted+1]`` are the
+        round's tokens; later positions hold each position's own residual sample
+        (don't-care).
+    """
+    bsz, k = candidates.shape
+    if draft_probs.shape[:2] != (bsz, k) or target_probs.shape[:2] != (bsz, k + 1):
+        raise ValueError(
+            "shape mismatch: candidates [B,K], draft_probs [B,K,V], target_probs [B,K+1,V] "
+            f"got {tuple(candidates.shape)}, {tuple(draft_probs.shape)}, "
+            f"{tuple(target_probs.shape)}"
+        )
+    p = target_probs.float()
+    q = draft_probs.float()
+    p_draft = p[:, :k]
+    idx = candidates.long().unsqueeze(-1)
+    p_c = p_draft.gather(-1, idx).squeeze(-1)  # [B, K]
+    q_c = q.gather(-1, idx).squeeze(-1)  # [B, K]
+    # min(1, p/q); a candidate the draft claims has q = 0 is accepted iff the target allows it.
+    ratio = torch.where(
+        q_c > 0,
+        (p_c / q_c.clamp_min(torch.finfo(torch.float32).tiny)).clamp_max(1.0),
+        (p_c > 0).float(),
+    )
+    coins = torch.rand(ratio.shape, dtype=torch.float32, device=ratio.device, generator=generator)
+    ok = coins < ratio  # coin in [0, 1): ratio 1 always accepts, ratio 0 never does
+    accepted = ok.long().cumprod(dim=1).sum(dim=1)  # [B]
+
+    # Residual distributions for a rejection at 0..K-1, plus the bonus distribution p_K.
+    resid = (p_draft - q).clamp_min(0.0)
+    mass = resid.sum(dim=-1, keepdim=True)
+    resid = torch.where(mass > 0, resid / mass.clamp_min(torch.finfo(torch.float32).tiny), p_draft)
+    dist = torch.cat([resid, p[:, k:]], dim=1)  # [B, K+1, V]
+    fallback = sample_from_probs(dist, generator=generator)  # [B, K+1]
+
+    pos = torch.arange(k + 1, device=candidates.device).unsqueeze(0)  # [1, K+1]
+    cand_ext = torch.cat([candidates.long(), fallback[:, k:]], dim=1)  # [B, K+1]
+    emitted = torch.where(pos < accepted.unsqueeze(1), cand_ext, fallback)
+    return emitted, accepted

@@ -1,0 +1,320 @@
+"""DFlash v1 block drafter: a small Qwen3-style decoder that fills a block of MASK slots in one pass.
+
+The drafter owns no embedding table and no LM head: callers embed the block with the target's frozen
+embedding (`embed_noise`) and turn hidden states into logits with the target's LM head (`logits`).
+What it adds is the context path: the target's hidden states at `target_layer_ids`, concatenated,
+go through `fc` and `hidden_norm` once, and every draft layer projects that context with its own
+k_proj/k_norm/v_proj into extra keys/values in front of the block's own keys.
+
+One mask builder, `dflash_attention_mask`, serves training (many blocks flattened into one sequence,
+each with its own anchor) and decoding (one block): a block query sees
+  * context keys strictly before its anchor (`ctx_positions < ctx_limit`), within the window on
+    sliding layers, and
+  * keys of its own block (all of them, or only earlier ones on causal layers, within the window).
+Blocks never see each other, so running N blocks in one call equals N calls with one block each.
+
+Parameter names equal the published DFlash tensor names, so `state_dict()` keys are the checkpoint keys.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from dmtp.models.qwen3 import Qwen3DecoderLayer, RMSNorm, attend, init_linear_, rope_cos_sin, rope_inv_freq
+
+FULL, SLIDING = "full_attention", "sliding_attention"
+CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
+_DRAFTER_PREFIXES = ("fc.", "hidden_norm.", "norm.", "layers.")
+
+
+@dataclass
+class DFlashConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    num_target_layers: int
+    target_layer_ids: list[int]
+    mask_token_id: int
+    block_size: int = 8
+    context_dim: int | None = None  # input width of `fc`; default len(target_layer_ids) * hidden_size
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1e6
+    max_position_embeddings: int = 4096
+    layer_types: list[str] | None = None  # per layer FULL or SLIDING; default all FULL
+    sliding_window: int | None = None
+    is_causal: bool | None = None  # None: sliding layers causal in-block, full layers bidirectional
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float = 0.0
+    input_embedding_scale: float = 1.0
+
+    def __post_init__(self):
+        self.target_layer_ids = [int(i) for i in self.target_layer_ids]
+        if self.context_dim is None:
+            self.context_dim = len(self.target_layer_ids) * self.hidden_size
+        if self.layer_types is None:
+            self.layer_types = [FULL] * self.num_hidden_layers
+        self.layer_types = list(self.layer_types)
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
+        if any(t not in (FULL, SLIDING) for t in self.layer_types):
+            raise ValueError(f"layer_types must be '{FULL}' or '{SLIDING}', got {self.layer_types}")
+        if any(not 0 <= i < self.num_target_layers for i in self.target_layer_ids):
+            raise ValueError(f"target_layer_ids {self.target_layer_ids} out of range for {self.num_target_layers} target layers")
+
+    @property
+    def default_context_dim(self) -> int:
+        return len(self.target_layer_ids) * self.hidden_size
+
+    def is_causal_for(self, layer_idx: int) -> bool:
+        if self.is_causal is not None:
+            return bool(self.is_causal)
+        return self.layer_types[layer_idx] == SLIDING
+
+    def window_for(self, layer_idx: int) -> int | None:
+        return self.sliding_window if self.layer_types[layer_idx] == SLIDING else None
+
+    def to_hf_config(self) -> dict:
+        dflash = {
+            "mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids),
+            "block_size": self.block_size, "output_multiplier": self.output_multiplier,
+            "final_logit_softcapping": self.final_logit_softcapping,
+            "input_embedding_scale": self.input_embedding_scale,
+        }
+        if self.context_dim != self.default_context_dim:
+            dflash["context_dim"] = self.context_dim
+        d = {
+            "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+            "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers, "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size, "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta,
+            "rope_scaling": None, "max_position_embeddings": self.max_position_embeddings,
+            "hidden_act": "silu", "attention_bias": False, "attention_dropout": 0.0,
+            "tie_word_embeddings": False, "num_target_layers": self.num_target_layers,
+            "block_size": self.block_size, "layer_types": list(self.layer_types),
+            "sliding_window": self.sliding_window, "use_sliding_window": SLIDING in self.layer_types,
+        }
+        if self.is_causal is not None:
+            d["is_causal"] = self.is_causal
+        d["dflash_config"] = dflash
+        return d
+
+    @classmethod
+    def from_hf_config(cls, d: dict) -> "DFlashConfig":
+        """Reads the published layout (`dflash_config` sub-dict) or the older one with block_size,
+        mask_token_id and target_layer_ids at top level. Missing block_size falls back to 16 (as Z2)."""
+        sub = d.get("dflash_config") or {}
+
+        def pick(key, default=None):
+            return sub[key] if sub.get(key) is not None else d.get(key, default)
+
+        n_layers = d["num_hidden_layers"]
+        n_target = d.get("num_target_layers")
+        ids = pick("target_layer_ids")
+        if ids is None:
+            if n_target is None:
+                raise ValueError("config has neither target_layer_ids nor num_target_layers")
+            ids = build_target_layer_ids(n_target, n_layers)
+        if n_target is None:
+            n_target = max(ids) + 1
+        mask_id = pick("mask_token_id")
+        if mask_id is None:
+            raise ValueError("config has no mask_token_id (top level or dflash_config)")
+        rope_theta = (d.get("rope_parameters") or {}).get("rope_theta", d.get("rope_theta", 1e6))
+        return cls(
+            hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"], num_hidden_layers=n_layers,
+            num_attention_heads=d["num_attention_heads"],
+            num_key_value_heads=d.get("num_key_value_heads", d["num_attention_heads"]),
+            head_dim=d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"],
+            vocab_size=d["vocab_size"], num_target_layers=n_target, target_layer_ids=list(ids),
+            mask_token_id=int(mask_id), block_size=int(pick("block_size", 16)), context_dim=sub.get("context_dim"),
+            rms_norm_eps=d.get("rms_norm_eps", 1e-6), rope_theta=rope_theta,
+            max_position_embeddings=d.get("max_position_embeddings", 4096), layer_types=d.get("layer_types"),
+            sliding_window=d.get("sliding_window"), is_causal=d.get("is_causal"),
+            output_multiplier=float(pick("output_multiplier", 1.0)),
+            final_logit_softcapping=float(pick("final_logit_softcapping", 0.0) or 0.0),
+            input_embedding_scale=float(pick("input_embedding_scale", 1.0)),
+        )
+
+
+def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """Reference default taps: [T//2] for one draft layer, else round(1 + i*(T-4)/(n-1)).
+    For T <= 4 that formula leaves [0, T-1], so small targets get evenly spaced ids over 0..T-1 instead
+    (repeats only when n > T)."""
+    t, n = num_target_layers, num_draft_layers
+    if t < 1 or n < 1:
+        raise ValueError(f"need num_target_layers >= 1 and num_draft_layers >= 1, got {t}, {n}")
+    if n == 1:
+        return [t // 2]
+    if t <= 4:
+        return [round(i * (t - 1) / (n - 1)) for i in range(n)]
+    return [round(1 + i * (t - 4) / (n - 1)) for i in range(n)]
+
+
+def dflash_attention_mask(noise_positions: torch.Tensor, ctx_positions: torch.Tensor, ctx_limit: torch.Tensor,
+                          block_ids: torch.Tensor, causal: bool = False, window: int | None = None) -> torch.Tensor:
+    """Boolean mask [B, 1, Q, C+Q] (True = attend) over keys laid out as [context | block rows].
+
+    noise_positions/ctx_limit/block_ids: [B, Q]; ctx_positions: [B, C]. Query q sees context key c iff
+    ctx_positions[c] < ctx_limit[q] (the anchor: strictly-before), and on windowed layers also
+    ctx_positions[c] >= noise_positions[q] - (window-1). It sees block row j iff block_ids[j] == block_ids[q],
+    plus noise_positions[j] <= noise_positions[q] when causal and |pq - pj| < window when windowed.
+    Padding context slots must carry a position >= every ctx_limit (e.g. a large int) to stay invisible.
+    """
+    pq = noise_positions[:, :, None]
+    ctx = ctx_positions[:, None, :] < ctx_limit[:, :, None]
+    blk = block_ids[:, :, None] == block_ids[:, None, :]
+    pk = noise_positions[:, None, :]
+    if causal:
+        blk = blk & (pk <= pq)
+    if window is not None:
+        ctx = ctx & (ctx_positions[:, None, :] >= pq - (window - 1))
+        blk = blk & ((pq - pk).abs() < window)
+    return torch.cat([ctx, blk], dim=-1)[:, None]
+
+
+class DFlashLayer(Qwen3DecoderLayer):
+    """Qwen3 pre-norm layer whose attention also reads precomputed context keys/values."""
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
+        attn = self.self_attn
+        h = self.input_layernorm(x)
+        q = attn.project_q(h, cos, sin)
+        k, v = attn.project_kv(h, cos, sin)
+        k, v = torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)
+        x = x + attn.output(attend(q, k, v, mask))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDrafter(nn.Module):
+    """fc + hidden_norm over target taps, `num_hidden_layers` DFlashLayers, final norm (no embedding/LM head)."""
+
+    def __init__(self, config: DFlashConfig):
+        super().__init__()
+        c = self.config = config
+        self.fc = nn.Linear(c.context_dim, c.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.layers = nn.ModuleList(
+            DFlashLayer(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                        c.intermediate_size, c.rms_norm_eps) for _ in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self._inv_freq: dict[torch.device, torch.Tensor] = {}  # not a buffer: state_dict stays = checkpoint
+        if not self.fc.weight.is_meta:  # load_drafter builds on "meta" and assigns the stored tensors
+            init_linear_(self)
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype):
+        dev = positions.device
+        if dev not in self._inv_freq:
+            self._inv_freq[dev] = rope_inv_freq(self.config.head_dim, self.config.rope_theta).to(dev)
+        return rope_cos_sin(positions, self._inv_freq[dev], dtype)
+
+    def embed_noise(self, ids: torch.Tensor, embed_weight: torch.Tensor) -> torch.Tensor:
+        """Block embeddings from the target's frozen table, times `input_embedding_scale`."""
+        e = F.embedding(ids, embed_weight)
+        return e * self.config.input_embedding_scale if self.config.input_embedding_scale != 1.0 else e
+
+    def project_context(self, features: torch.Tensor) -> torch.Tensor:
+        """[B, C, context_dim] concatenated target taps -> [B, C, H]."""
+        return self.hidden_norm(self.fc(features))
+
+    def context_kv(self, ctx_hidden: torch.Tensor, ctx_positions: torch.Tensor):
+        """Per layer (k, v) [B, hkv, C, d] for the projected context, RoPE'd at absolute positions.
+        Context rows get no input_layernorm. Decoding can cache these rows and append new ones."""
+        cos, sin = self._rope(ctx_positions, ctx_hidden.dtype)
+        return [layer.self_attn.project_kv(ctx_hidden, cos, sin) for layer in self.layers]
+
+    def forward(self, noise_embeds: torch.Tensor, noise_positions: torch.Tensor, ctx_kv, ctx_positions: torch.Tensor,
+                ctx_limit: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+        """noise_embeds [B, Q, H] (any number of blocks flattened), noise_positions/ctx_limit/block_ids [B, Q],
+        ctx_kv from `context_kv` over ctx_positions [B, C]. ctx_limit is each query's anchor position: it sees
+        context strictly before it. Invalid context slots: give them a position >= every ctx_limit.
+        Returns hidden states [B, Q, H] after the final norm."""
+        cos, sin = self._rope(noise_positions, noise_embeds.dtype)
+        masks: dict[tuple, torch.Tensor] = {}
+        x = noise_embeds
+        for i, layer in enumerate(self.layers):
+            key = (self.config.is_causal_for(i), self.config.window_for(i))
+            if key not in masks:
+                masks[key] = dflash_attention_mask(noise_positions, ctx_positions, ctx_limit, block_ids, *key)
+            x = layer(x, cos, sin, ctx_kv[i][0], ctx_kv[i][1], masks[key])
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
+        """Target LM head, then `output_multiplier` and c*tanh(x/c) soft-capping when c > 0."""
+        out = F.linear(hidden, lm_head_weight)
+        if self.config.output_multiplier != 1.0:
+            out = out * self.config.output_multiplier
+        c = self.config.final_logit_softcapping
+        if c > 0:
+            out = c * torch.tanh(out / c)
+        return out
+
+
+def save_drafter(path, drafter: DFlashDrafter, extra_tensors: dict[str, torch.Tensor] | None = None,
+                 extra_config: dict | None = None) -> None:
+    """Writes `config.json` (published layout; `extra_config` under "dmtp") and `model.safetensors`
+    (drafter tensors under their published names, `extra_tensors` under their own keys)."""
+    extra_tensors = extra_tensors or {}
+    bad = [k for k in extra_tensors if k.startswith(_DRAFTER_PREFIXES)]
+    if bad:
+        raise ValueError(f"extra tensor key {bad[0]!r} collides with drafter names {_DRAFTER_PREFIXES}; prefix it")
+    os.makedirs(path, exist_ok=True)
+    cfg = drafter.config.to_hf_config()
+    if extra_config is not None:
+        cfg["dmtp"] = extra_config
+    with open(os.path.join(path, CONFIG_NAME), "w") as f:
+        json.dump(cfg, f, indent=2)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in drafter.state_dict().items()}
+    tensors.update({k: v.detach().cpu().contiguous() for k, v in extra_tensors.items()})
+    save_file(tensors, os.path.join(path, WEIGHTS_NAME), metadata={"format": "pt"})
+
+
+def load_drafter(path, dtype: torch.dtype = torch.float32):
+    """Returns (drafter, extra_tensors, extra_config). Strict on drafter tensors: a missing, unexpected
+    (under fc./hidden_norm./norm./layers.) or mis-shaped tensor raises ValueError. Other keys are extras."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"drafter directory not found: {path}")
+    cfg_path, w_path = os.path.join(path, CONFIG_NAME), os.path.join(path, WEIGHTS_NAME)
+    for p in (cfg_path, w_path):
+        if not os.path.isfile(p):
+            raise FileNotFoundError(f"drafter file not found: {p}")
+    with open(cfg_path) as f:
+        raw = json.load(f)
+    config = DFlashConfig.from_hf_config(raw)
+    with torch.device("meta"):
+        drafter = DFlashDrafter(config)
+    expected = {k: v.shape for k, v in drafter.state_dict().items()}
+    state, extras = {}, {}
+    with safe_open(w_path, framework="pt") as f:
+        keys = list(f.keys())
+        for k in keys:
+            if k in expected:
+                t = f.get_tensor(k)
+                if tuple(t.shape) != tuple(expected[k]):
+                    raise ValueError(f"{w_path}: tensor {k} has shape {tuple(t.shape)}, expected {tuple(expected[k])}")
+                state[k] = t.to(dtype)
+            elif k.startswith(_DRAFTER_PREFIXES):
+                raise ValueError(f"{w_path}: unexpected drafter tensor {k}")
+            else:
+                extras[k] = f.get_tensor(k)
+    missing = [k for k in expected if k not in state]
+    if missing:
+        raise ValueError(f"{w_path}: missing drafter tensor {missing[0]} ({len(missing)} missing in all)")
+    drafter.load_state_dict(state, strict=True, assign=True)
+    return drafter, extras, raw.get("dmtp") or {}
+
+
+__all__ = ["DFlashConfig", "DFlashDrafter", "DFlashLayer", "build_target_layer_ids", "dflash_attention_mask",
+           "save_drafter", "load_drafter"]

@@ -1,0 +1,160 @@
+"""Build (once) and cache the embedded tiny target: tokenizer + Qwen3 causal LM + native MTP layer.
+
+    python -m dmtp.tiny.build --preset tiny      # default target, ~8 minutes on 2 CPU cores
+    python -m dmtp.tiny.build --preset micro     # test target, seconds
+
+The result is a normal Hugging Face checkpoint directory: config.json (with mtp_num_hidden_layers),
+model.safetensors (target tensors plus `mtp.*`), tokenizer files and build_report.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from dmtp.data.corpora import DOMAINS, texts
+from dmtp.models.mtp import MTPSpec, NativeMTP
+from dmtp.models.qwen3 import init_linear_
+from dmtp.paths import targets_dir
+from dmtp.tiny.presets import TinyPreset, get_preset
+from dmtp.tiny.pretrain import DomainStreams, evaluate, pretrain
+from dmtp.tiny.tokenizer import train_tokenizer
+
+BUILD_VERSION = 1
+
+
+def default_target_dir(preset: str) -> Path:
+    return targets_dir() / f"{preset}-v{BUILD_VERSION}"
+
+
+def ensure_tiny_target(preset: str = "tiny", out_dir: str | Path | None = None, progress: bool = True) -> Path:
+    """Return the cached target directory, building it first if it is not there yet."""
+    path = Path(out_dir) if out_dir else default_target_dir(preset)
+    if (path / "build_report.json").exists():
+        return path
+    return build_tiny_target(preset, path, progress=progress)
+
+
+def _tokenizer_sample(docs: dict[str, list[str]], chars: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    sample = []
+    for domain in DOMAINS:
+        pool = list(docs[domain])
+        rng.shuffle(pool)
+        budget = chars // len(DOMAINS)
+        for text in pool:
+            if budget <= 0:
+                break
+            sample.append(text[:budget])
+            budget -= len(text)
+    return sample
+
+
+def _encode(tok, docs: list[str]) -> torch.Tensor:
+    ids = []
+    for enc in tok(docs, add_special_tokens=False)["input_ids"]:
+        ids.extend(enc)
+        ids.append(tok.eos_token_id)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def qwen3_mtp_spec(config: Qwen3Config) -> MTPSpec:
+    return MTPSpec(family="qwen3", hidden_size=config.hidden_size, num_attention_heads=config.num_attention_heads,
+                   num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim,
+                   intermediate_size=config.intermediate_size, rms_norm_eps=config.rms_norm_eps,
+                   rope_theta=_rope_theta(config))
+
+
+def _rope_theta(config) -> float:
+    params = getattr(config, "rope_parameters", None) or {}
+    return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+
+
+def build_tiny_target(preset_name: str, out_dir: str | Path, progress: bool = True) -> Path:
+    preset: TinyPreset = get_preset(preset_name)
+    out_dir = Path(out_dir)
+    started = time.perf_counter()
+    torch.manual_seed(preset.seed)
+    if progress:
+        print(f"[dmtp] building the {preset.name} target into {out_dir} (once; it is cached and reused)")
+
+    train_docs = {d: texts(d, "train")[: preset.docs_per_domain] for d in DOMAINS}
+    val_docs = {d: texts(d, "validation")[: preset.docs_per_domain] for d in DOMAINS}
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        tok = train_tokenizer(_tokenizer_sample(train_docs, preset.tokenizer_chars, preset.seed),
+                              preset.vocab_size, staging)
+        train_streams = {d: _encode(tok, train_docs[d]) for d in DOMAINS}
+        val_streams = {d: _encode(tok, val_docs[d]) for d in DOMAINS}
+
+        config = Qwen3Config(
+            vocab_size=len(tok), hidden_size=preset.hidden_size, intermediate_size=preset.intermediate_size,
+            num_hidden_layers=preset.num_layers, num_attention_heads=preset.num_heads,
+            num_key_value_heads=preset.num_kv_heads, head_dim=preset.head_dim, max_position_embeddings=4096,
+            rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=tok.eos_token_id,
+            eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id, attn_implementation="sdpa",
+        )
+        model = Qwen3ForCausalLM(config)
+        mtp = NativeMTP(qwen3_mtp_spec(config), model.model.embed_tokens, model.lm_head)
+        init_linear_(mtp)
+
+        weights = dict(zip(DOMAINS, preset.domain_weights))
+        data = DomainStreams(train_streams, weights, preset.seq_len, preset.seed)
+        stats = pretrain(model, mtp, data, preset, progress=progress)
+        report = {"preset": preset.name, "build_version": BUILD_VERSION,
+                  "parameters": sum(p.numel() for p in model.parameters()),
+                  "mtp_parameters": sum(p.numel() for p in mtp.parameters()),
+                  **stats, "heldout": evaluate(model, mtp, val_streams, preset.seq_len)}
+        save_target(model, mtp, staging)
+        report["build_seconds"] = round(time.perf_counter() - started, 1)
+        (staging / "build_report.json").write_text(json.dumps(report, indent=2) + "\n")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(staging, out_dir)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    if progress:
+        print(f"[dmtp] {preset.name} target ready at {out_dir} ({report['build_seconds']} s); "
+              f"held-out: {json.dumps(report['heldout'])}")
+    return out_dir
+
+
+def save_target(model: Qwen3ForCausalLM, mtp: NativeMTP, out_dir: Path) -> None:
+    """One model.safetensors with the target's tensors and the MTP's under `mtp.*` (Qwen3.5 naming)."""
+    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    tensors.update({f"mtp.{k}": v.detach().contiguous() for k, v in mtp.state_dict().items()})
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    config = model.config.to_dict()
+    config.update(architectures=["Qwen3ForCausalLM"], mtp_num_hidden_layers=1, mtp_use_dedicated_embeddings=False,
+                  dtype="float32")
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    model.generation_config.save_pretrained(str(out_dir))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="tiny", help="micro | tiny")
+    parser.add_argument("--out", default=None, help="target directory (default: $DMTP_HOME/targets/<preset>-v1)")
+    parser.add_argument("--force", action="store_true", help="rebuild even if a cached target exists")
+    args = parser.parse_args(argv)
+    path = Path(args.out) if args.out else default_target_dir(args.preset)
+    if args.force or not (path / "build_report.json").exists():
+        build_tiny_target(args.preset, path)
+    else:
+        print(f"[dmtp] {args.preset} target already built at {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Sizes of the embedded targets. `tiny` is the default; `micro` is for tests (built in seconds).
+
+The target is several times deeper than the 1-2 layer drafters trained on it, so that drafting
+is cheaper than verifying on any machine, as it is for real models.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TinyPreset:
+    name: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    seq_len: int
+    batch_size: int
+    steps: int
+    lr: float
+    mtp_loss_weight: float = 0.3
+    warmup_steps: int = 50
+    tokenizer_chars: int = 4_000_000   # corpus characters sampled to train the BPE
+    docs_per_domain: int | None = None  # cap on training documents read per domain (micro)
+    domain_weights: tuple[float, float, float] = (0.4, 0.3, 0.3)  # code, prose, math
+    seed: int = 0
+
+
+PRESETS = {
+    "micro": TinyPreset(name="micro", vocab_size=512, hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
+                        head_dim=16, intermediate_size=192, seq_len=128, batch_size=8, steps=250, lr=4e-3,
+                        warmup_steps=20, tokenizer_chars=400_000, docs_per_domain=100),
+    # Narrow and deep: at a CPU budget of minutes, width buys little and the LM head dominates,
+    # while depth is what makes a 1-2 layer drafter cheap relative to verification.
+    "tiny": TinyPreset(name="tiny", vocab_size=2048, hidden_size=128, num_layers=8, num_heads=4, num_kv_heads=2,
+                       head_dim=32, intermediate_size=384, seq_len=256, batch_size=16, steps=450, lr=3e-3),
+}
+
+
+def get_preset(name: str) -> TinyPreset:
+    if name not in PRESETS:
+        raise ValueError(f"unknown tiny-target preset {name!r}; choose from {', '.join(PRESETS)}")
+    return PRESETS[name]

@@ -1,0 +1,111 @@
+"""Joint pretraining of the tiny target and its MTP layer (DeepSeek-V3 / Qwen3-Next style).
+
+loss = CE(target next token) + w * CE(MTP next-next token), both over the same batch; the MTP
+reads the target's post-norm hidden, as released MTP layers do, and gradients flow into the trunk.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from dmtp.models.mtp import NativeMTP
+from dmtp.tiny.presets import TinyPreset
+
+
+class DomainStreams:
+    """Token streams per domain; batches are random windows drawn by domain weight."""
+
+    def __init__(self, streams: dict[str, torch.Tensor], weights: dict[str, float], seq_len: int, seed: int):
+        self.streams = {d: s for d, s in streams.items() if len(s) > seq_len + 1}
+        self.domains = list(self.streams)
+        self.weights = [weights[d] for d in self.domains]
+        self.seq_len = seq_len
+        self.rng = random.Random(seed)
+
+    def batch(self, batch_size: int) -> torch.Tensor:
+        rows = []
+        for _ in range(batch_size):
+            stream = self.streams[self.rng.choices(self.domains, self.weights)[0]]
+            start = self.rng.randrange(0, len(stream) - self.seq_len - 1)
+            rows.append(stream[start:start + self.seq_len + 1])
+        return torch.stack(rows)
+
+
+def joint_losses(model, mtp: NativeMTP, ids: torch.Tensor):
+    out = model.model(input_ids=ids)
+    hidden = out.last_hidden_state                      # post final norm
+    logits = model.lm_head(hidden)
+    main = F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+    g = mtp.forward_teacher(ids, hidden)                # g[:, t] predicts x_{t+1} from (h_{t-1}, x_t)
+    mtp_logits = mtp.logits(g[:, 1:-1])
+    side = F.cross_entropy(mtp_logits.flatten(0, 1), ids[:, 2:].flatten())
+    return main, side
+
+
+def pretrain(model, mtp: NativeMTP, data: DomainStreams, preset: TinyPreset, progress: bool = True) -> dict:
+    params = [p for p in list(model.parameters()) + list(mtp.parameters()) if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=preset.lr, betas=(0.9, 0.95))
+
+    def lr_at(step):
+        if step < preset.warmup_steps:
+            return (step + 1) / preset.warmup_steps
+        frac = (step - preset.warmup_steps) / max(1, preset.steps - preset.warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    model.train(), mtp.train()
+    bar = tqdm(range(preset.steps), desc=f"pretraining {preset.name} target + MTP", disable=not progress,
+               dynamic_ncols=True, mininterval=2.0)
+    start = time.perf_counter()
+    main = side = torch.tensor(0.0)
+    for _ in bar:
+        ids = data.batch(preset.batch_size)
+        main, side = joint_losses(model, mtp, ids)
+        loss = main + preset.mtp_loss_weight * side
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        bar.set_postfix(loss=f"{main.item():.3f}", mtp=f"{side.item():.3f}")
+    model.eval(), mtp.eval()
+    seconds = time.perf_counter() - start
+    tokens = preset.steps * preset.batch_size * preset.seq_len
+    return {"train_seconds": round(seconds, 1), "train_tokens": tokens, "tokens_per_second": round(tokens / seconds),
+            "final_loss": round(main.item(), 4), "final_mtp_loss": round(side.item(), 4)}
+
+
+@torch.no_grad()
+def evaluate(model, mtp: NativeMTP, streams: dict[str, torch.Tensor], seq_len: int, max_windows: int = 24) -> dict:
+    """Held-out next-token top-1 of the target, next-next-token top-1 of the MTP, and how often the
+    MTP's prediction equals the target's own greedy next token (what T1 acceptance depends on)."""
+    report = {}
+    for domain, stream in streams.items():
+        n = min(max_windows, (len(stream) - 1) // (seq_len + 1))
+        if n == 0:
+            continue
+        ids = stream[: n * (seq_len + 1)].view(n, seq_len + 1)
+        hidden = model.model(input_ids=ids).last_hidden_state
+        pred = model.lm_head(hidden).argmax(-1)
+        g = mtp.forward_teacher(ids, hidden)
+        mtp_pred = mtp.logits(g).argmax(-1)
+        report[domain] = {
+            "target_top1": round((pred[:, :-1] == ids[:, 1:]).float().mean().item(), 4),
+            "mtp_top1": round((mtp_pred[:, 1:-1] == ids[:, 2:]).float().mean().item(), 4),
+            "mtp_agrees_with_target": round((mtp_pred[:, 1:] == pred[:, 1:]).float().mean().item(), 4),
+            "unigram_top1": round(_unigram_top1(stream, ids), 4),
+        }
+    return report
+
+
+def _unigram_top1(stream: torch.Tensor, ids: torch.Tensor) -> float:
+    most = torch.bincount(stream).argmax()
+    return (ids[:, 2:] == most).float().mean().item()
