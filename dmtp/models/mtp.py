@@ -19,6 +19,27 @@ from torch import nn
 from dmtp.models.qwen3 import KVCache, Qwen3DecoderLayer, RMSNorm, cache_mask, causal_mask, rope_cos_sin, rope_inv_freq
 
 
+class Qwen3MTPBlock(Qwen3DecoderLayer):
+    """A plain Qwen3 decoder layer as the MTP block (the tiny target's family).
+
+    Every MTP block speaks the same protocol: `forward(x, positions, mask, cache=None)` computes its
+    own rotary embedding, and `new_cache(batch, max_len, dtype, device)` gives its private KV cache."""
+
+    def __init__(self, spec: "MTPSpec"):
+        super().__init__(spec.hidden_size, spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim,
+                         spec.intermediate_size, spec.rms_norm_eps, spec.attention_bias)
+        rotary_dim = int(spec.head_dim * spec.partial_rotary_factor)
+        self.register_buffer("inv_freq", rope_inv_freq(rotary_dim, spec.rope_theta), persistent=False)
+        self.num_kv_heads, self.head_dim = spec.num_key_value_heads, spec.head_dim
+
+    def forward(self, x, positions, mask, cache: KVCache | None = None):
+        cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
+        return super().forward(x, cos, sin, mask, cache=cache, positions=positions)
+
+    def new_cache(self, batch: int, max_len: int, dtype, device) -> KVCache:
+        return KVCache(batch, self.num_kv_heads, max_len, self.head_dim, dtype, device)
+
+
 @dataclass
 class MTPSpec:
     """What a family's MTP looks like; filled from the target's config by `dmtp.models.mtp_loading`."""
@@ -38,19 +59,15 @@ class MTPSpec:
 
 
 class NativeMTP(nn.Module):
-    def __init__(self, spec: MTPSpec, embed_tokens: nn.Embedding, lm_head: nn.Module, layer: nn.Module | None = None):
+    def __init__(self, spec: MTPSpec, embed_tokens: nn.Embedding, lm_head: nn.Module, block: nn.Module | None = None):
         super().__init__()
         h = spec.hidden_size
         self.spec = spec
         self.fc = nn.Linear(2 * h, h, bias=False)
         self.pre_fc_norm_embedding = RMSNorm(h, spec.rms_norm_eps, spec.zero_centered_norm)
         self.pre_fc_norm_hidden = RMSNorm(h, spec.rms_norm_eps, spec.zero_centered_norm)
-        self.layers = nn.ModuleList([layer if layer is not None else Qwen3DecoderLayer(
-            h, spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim, spec.intermediate_size,
-            spec.rms_norm_eps, spec.attention_bias)])
+        self.layers = nn.ModuleList([block if block is not None else Qwen3MTPBlock(spec)])
         self.norm = RMSNorm(h, spec.rms_norm_eps, spec.zero_centered_norm)
-        rotary_dim = int(spec.head_dim * spec.partial_rotary_factor)
-        self.register_buffer("inv_freq", rope_inv_freq(rotary_dim, spec.rope_theta), persistent=False)
         # Shared with the target and never trained here; kept out of this module's parameters.
         self._shared = {"embed": embed_tokens, "head": lm_head}
 
@@ -74,10 +91,9 @@ class NativeMTP(nn.Module):
         b, t = input_ids.shape
         u = self.fuse(input_ids[:, 1:], target_hidden[:, :-1])
         positions = torch.arange(1, t, device=input_ids.device).expand(b, -1)
-        cos, sin = rope_cos_sin(positions, self.inv_freq, u.dtype)
         mask = causal_mask(t - 1, u.device)
         for layer in self.layers:
-            u = layer(u, cos, sin, mask)
+            u = layer(u, positions, mask)
         g = self.norm(u)
         return torch.cat([torch.zeros_like(g[:, :1]), g], dim=1)
 
@@ -89,16 +105,14 @@ class NativeMTP(nn.Module):
         written at their positions; each row attends to cache slots 1..t (slot 0 never holds a row).
         Rows beyond a request's valid count are harmless scratch: later writes overwrite them."""
         u = self.fuse(tokens, prev_hidden)
-        cos, sin = rope_cos_sin(positions, self.inv_freq, u.dtype)
         mask = cache_mask(positions, cache.max_len, first_valid=1)
         for layer in self.layers:
-            u = layer(u, cos, sin, mask, cache=cache, positions=positions)
+            u = layer(u, positions, mask, cache=cache)
         return self.norm(u)
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
         return self.lm_head(g)
 
-    def new_cache(self, batch: int, max_len: int, dtype=None, device=None) -> KVCache:
+    def new_cache(self, batch: int, max_len: int, dtype=None, device=None):
         p = self.fc.weight
-        return KVCache(batch, self.spec.num_key_value_heads, max_len, self.spec.head_dim,
-                       dtype or p.dtype, device or p.device)
+        return self.layers[0].new_cache(batch, max_len, dtype or p.dtype, device or p.device)

@@ -1,0 +1,16 @@
+"""Fusion on T1 (the October main method): slots [F, MASK x6], F = W[RMS_e(E(T1)); RMS_m(sg(h_mtp))]
+REPLACES E(T1)."""
+import torch
+
+from dmtp.injection.base import Injection, TokenHiddenFusion
+
+
+class FusionT1(Injection):
+    def __init__(self, hidden_size, num_target_features, mask_token_id):
+        super().__init__(hidden_size, num_target_features, mask_token_id)
+        self.fusion = TokenHiddenFusion(hidden_size, zero_init=False)
+
+    def build_slots(self, embed, anchor, t1, h_mtp):
+        slots = self.t1_and_masks(embed, t1)
+        fused = self.fusion(slots[:, 0], h_mtp).to(slots.dtype)
+        return torch.cat([fused[:, None], slots[:, 1:]], dim=1)

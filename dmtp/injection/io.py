@@ -1,0 +1,55 @@
+"""A trained DMTP drafter on disk: the published DFlash layout plus the injection module.
+
+config.json carries the DFlash keys and, under "dmtp", the variant's name and arguments;
+model.safetensors carries the DFlash tensors and the injection's own under `dmtp_injection.`.
+A plain published DFlash drafter (no "dmtp" section) loads as `raw_dflash` unless told otherwise.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from dmtp.injection import VARIANTS, Injection
+from dmtp.models.drafter import DFlashDrafter, load_drafter, save_drafter
+
+PREFIX = "dmtp_injection."
+
+
+def make_injection(name: str, hidden_size: int, num_target_features: int, mask_token_id: int, **kwargs) -> Injection:
+    if name not in VARIANTS:
+        raise ValueError(f"unknown injection variant {name!r}; choose from {', '.join(VARIANTS)}")
+    return VARIANTS[name](hidden_size, num_target_features, mask_token_id, **kwargs)
+
+
+def variant_name(injection: Injection) -> str:
+    for name, cls in VARIANTS.items():
+        if type(injection) is cls:
+            return name
+    raise ValueError(f"{type(injection).__name__} is not a registered injection variant")
+
+
+def save_dmtp_drafter(path: str | Path, drafter: DFlashDrafter, injection: Injection, **extra_config) -> None:
+    tensors = {PREFIX + k: v.detach().contiguous() for k, v in injection.state_dict().items()}
+    meta = {"injection": variant_name(injection), "injection_kwargs": getattr(injection, "init_kwargs", {}),
+            **extra_config}
+    save_drafter(path, drafter, extra_tensors=tensors, extra_config=meta)
+
+
+def load_dmtp_drafter(path: str | Path, dtype: torch.dtype = torch.float32, injection: str | None = None,
+                      ) -> tuple[DFlashDrafter, Injection, dict]:
+    """-> (drafter, injection, extra config). `injection` overrides the saved variant (e.g. to
+    continue a published DFlash drafter as dual_anchor_zero_init); its tensors then start fresh."""
+    drafter, extra_tensors, meta = load_drafter(path, dtype=dtype)
+    saved_name = meta.get("injection", "raw_dflash")
+    name = injection or saved_name
+    cfg = drafter.config
+    num_features = len(cfg.target_layer_ids)
+    module = make_injection(name, cfg.hidden_size, num_features, cfg.mask_token_id,
+                            **(meta.get("injection_kwargs", {}) if name == saved_name else {}))
+    if module.context_dim != cfg.context_dim:
+        raise ValueError(f"drafter at {path} has context width {cfg.context_dim}, but {name} needs {module.context_dim}")
+    state = {k[len(PREFIX):]: v for k, v in extra_tensors.items() if k.startswith(PREFIX)}
+    if name == saved_name:
+        module.load_state_dict(state, strict=True)
+    return drafter, module.to(dtype), meta

@@ -1,0 +1,16 @@
+"""MTP context only: the drafter's context is the per-position MTP hidden alone. Slots [T1, MASK x6]."""
+from dmtp.injection.base import Injection
+
+
+class MTPContextOnly(Injection):
+    needs_mtp_context = True
+
+    @property
+    def context_dim(self) -> int:
+        return self.hidden_size
+
+    def context_features(self, target_features, mtp_hidden):
+        return mtp_hidden.to(target_features.dtype)
+
+    def build_slots(self, embed, anchor, t1, h_mtp=None):
+        return self.t1_and_masks(embed, t1)

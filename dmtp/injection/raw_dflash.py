@@ -1,0 +1,13 @@
+"""Raw DFlash (external baseline): slots [A, MASK x7]; the MTP is unused."""
+import torch
+
+from dmtp.injection.base import BLOCK_CANDIDATES, Injection
+
+
+class RawDFlash(Injection):
+    uses_mtp = False
+    first_slot_offset = 0
+
+    def build_slots(self, embed, anchor, t1=None, h_mtp=None):
+        ids = torch.cat([anchor[:, None], self.mask_ids(anchor.shape[0], BLOCK_CANDIDATES, anchor.device)], dim=1)
+        return embed(ids)

@@ -1,0 +1,13 @@
+"""Six-mask residual: slots [T1, MASK + r x6], the same low-rank residual added to the MASK inputs."""
+from dmtp.injection.base import Injection, LowRankResidual
+
+
+class SixMaskResidual(Injection):
+    def __init__(self, hidden_size, num_target_features, mask_token_id, rank: int = 64):
+        super().__init__(hidden_size, num_target_features, mask_token_id)
+        self.residual = LowRankResidual(hidden_size, rank)
+
+    def build_slots(self, embed, anchor, t1, h_mtp):
+        slots = self.t1_and_masks(embed, t1)
+        r = self.residual(h_mtp).to(slots.dtype)
+        return slots + r[:, None] * slots.new_tensor([0.0] + [1.0] * (slots.shape[1] - 1))[None, :, None]

@@ -1,0 +1,189 @@
+"""Strict loading of a target's native MTP layer from its own safetensors.
+
+Layouts (see shared/reference/mtp.md):
+- `mtp.*`: Qwen3-Next / Qwen3.5 / Qwen3.6 naming (also the embedded tiny target, with a Qwen3 block):
+  mtp.fc, mtp.pre_fc_norm_embedding, mtp.pre_fc_norm_hidden, mtp.layers.0.*, mtp.norm.
+- `model.layers.{L}.*` with L = num_hidden_layers: DeepSeek-V3 / GLM-4.5+ naming:
+  eh_proj -> fc, enorm -> pre_fc_norm_embedding, hnorm -> pre_fc_norm_hidden,
+  shared_head.norm -> norm, the decoder layer's own tensors -> layers.0.*;
+  the duplicated embed_tokens / shared_head.head are skipped (the target's are shared).
+
+Only the MTP's tensors are read, lazily per key, from `model.safetensors` or the shards named by
+`model.safetensors.index.json`. Every MTP parameter must be present with the right shape and every
+MTP tensor in the checkpoint must be consumed; anything else is a one-line error naming the tensor.
+"""
+from __future__ import annotations
+
+import json
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from dmtp.models.mtp import MTPSpec, NativeMTP, Qwen3MTPBlock
+
+
+class MTPLoadError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class MTPFamily:
+    """How one model family's MTP is built: its spec from the text config and its decoder block."""
+
+    spec: Callable[[dict], MTPSpec]
+    block: Callable[[MTPSpec, dict], nn.Module]
+
+
+def _rope_theta(cfg: dict) -> float:
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+
+
+def _qwen3_spec(cfg: dict) -> MTPSpec:
+    return MTPSpec(family="qwen3", hidden_size=cfg["hidden_size"], num_attention_heads=cfg["num_attention_heads"],
+                   num_key_value_heads=cfg.get("num_key_value_heads", cfg["num_attention_heads"]),
+                   head_dim=cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
+                   intermediate_size=cfg["intermediate_size"], rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+                   rope_theta=_rope_theta(cfg), attention_bias=cfg.get("attention_bias", False))
+
+
+# model_type -> family. Other families register here (see dmtp/models/mtp_families.py).
+MTP_FAMILIES: dict[str, MTPFamily] = {
+    "qwen3": MTPFamily(spec=_qwen3_spec, block=lambda spec, cfg: Qwen3MTPBlock(spec)),
+}
+
+
+def text_config(config: dict) -> dict:
+    """The language model's config: `text_config` of multimodal checkpoints, else the config itself."""
+    if "text_config" in config:
+        return config["text_config"]
+    if config.get("architectures") and any("ConditionalGeneration" in a for a in config["architectures"]):
+        raise MTPLoadError(f"multimodal config ({config['architectures'][0]}) has no text_config")
+    return config
+
+
+def num_mtp_layers(cfg: dict) -> int:
+    return int(cfg.get("mtp_num_hidden_layers") or cfg.get("num_nextn_predict_layers") or 0)
+
+
+class CheckpointIndex:
+    """Key -> file map of a safetensors checkpoint (single file or sharded), read lazily."""
+
+    def __init__(self, path: str | Path):
+        self.root = Path(path)
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"checkpoint directory not found: {self.root}")
+        index = self.root / "model.safetensors.index.json"
+        single = self.root / "model.safetensors"
+        if index.exists():
+            self.files = {k: self.root / f for k, f in json.loads(index.read_text())["weight_map"].items()}
+        elif single.exists():
+            with safe_open(str(single), "pt") as f:
+                self.files = {k: single for k in f.keys()}
+        else:
+            raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {self.root}")
+
+    def keys(self) -> list[str]:
+        return list(self.files)
+
+    def get(self, key: str) -> torch.Tensor:
+        with safe_open(str(self.files[key]), "pt") as f:
+            return f.get_tensor(key)
+
+    def shape(self, key: str) -> list[int]:
+        with safe_open(str(self.files[key]), "pt") as f:
+            return list(f.get_slice(key).get_shape())
+
+
+_DEEPSEEK_RENAMES = {"eh_proj.": "fc.", "enorm.": "pre_fc_norm_embedding.", "hnorm.": "pre_fc_norm_hidden.",
+                     "shared_head.norm.": "norm."}
+_DEEPSEEK_SKIP = ("embed_tokens.", "shared_head.head.")
+
+
+def mtp_tensor_names(keys: list[str], cfg: dict) -> tuple[str, dict[str, str]]:
+    """Detect the layout; return its name and {checkpoint key: NativeMTP parameter name}."""
+    qwen = {k: k[len("mtp."):] for k in keys if k.startswith("mtp.")}
+    if qwen:
+        return "mtp", qwen
+    layer = cfg.get("num_hidden_layers")
+    prefix = f"model.layers.{layer}."
+    deepseek = {}
+    for k in keys:
+        if not k.startswith(prefix):
+            continue
+        rest = k[len(prefix):]
+        if rest.startswith(_DEEPSEEK_SKIP):
+            continue
+        for old, new in _DEEPSEEK_RENAMES.items():
+            if rest.startswith(old):
+                deepseek[k] = new + rest[len(old):]
+                break
+        else:
+            deepseek[k] = "layers.0." + rest
+    if deepseek:
+        return "deepseek", deepseek
+    return "none", {}
+
+
+def _dequantize_fp8(weight: torch.Tensor, scale_inv: torch.Tensor, block: int = 128) -> torch.Tensor:
+    """DeepSeek-V3 FP8 block quantisation: weight * scale_inv per 128x128 block."""
+    rows, cols = weight.shape
+    scale = scale_inv.repeat_interleave(block, 0)[:rows].repeat_interleave(block, 1)[:, :cols]
+    return weight.float() * scale.float()
+
+
+def load_native_mtp(path: str | Path, embed_tokens: nn.Embedding, lm_head: nn.Module,
+                    dtype: torch.dtype | None = None, device=None) -> NativeMTP:
+    """Build the checkpoint's MTP and load its tensors strictly, sharing the target's embedding/head."""
+    root = Path(path)
+    if not (root / "config.json").exists():
+        raise FileNotFoundError(f"no config.json in {root}: not a Hugging Face checkpoint directory")
+    config = json.loads((root / "config.json").read_text())
+    cfg = text_config(config)
+    model_type = cfg.get("model_type") or config.get("model_type", "?")
+    index = CheckpointIndex(root)
+    layout, names = mtp_tensor_names(index.keys(), cfg)
+    if layout == "none":
+        declared = num_mtp_layers(cfg)
+        raise MTPLoadError(f"checkpoint {root} has no MTP layer: no 'mtp.*' or 'model.layers.{cfg.get('num_hidden_layers')}.*'"
+                           f" tensors (config declares {declared} MTP layer(s)); use a variant that does not need MTP")
+    if num_mtp_layers(cfg) > 1:
+        raise MTPLoadError(f"{root}: {num_mtp_layers(cfg)} MTP layers declared; dmtp drives exactly one")
+    family = MTP_FAMILIES.get(model_type)
+    if family is None:
+        raise MTPLoadError(f"MTP of model_type {model_type!r} is not supported (supported: {', '.join(sorted(MTP_FAMILIES))})")
+    spec = family.spec(cfg)
+    mtp = NativeMTP(spec, embed_tokens, lm_head, block=family.block(spec, cfg))
+    expected = mtp.state_dict()
+
+    # FP8 checkpoints carry `<name>.weight_scale_inv` next to a quantised `<name>.weight`.
+    scales = {k[: -len("_scale_inv")]: k for k in names if k.endswith(".weight_scale_inv")}
+    loaded = {}
+    for key, name in names.items():
+        if key.endswith(".weight_scale_inv"):
+            continue
+        if name not in expected:
+            raise MTPLoadError(f"unexpected MTP tensor {key!r} in {root} (no parameter {name!r} in the {model_type} MTP)")
+        tensor = index.get(key)
+        if key in scales:
+            tensor = _dequantize_fp8(tensor, index.get(scales[key]))
+        if list(tensor.shape) != list(expected[name].shape):
+            raise MTPLoadError(f"shape mismatch for MTP tensor {key!r}: checkpoint {list(tensor.shape)}, "
+                               f"expected {list(expected[name].shape)}")
+        loaded[name] = tensor
+    missing = sorted(set(expected) - set(loaded))
+    if missing:
+        prefix = "mtp." if layout == "mtp" else f"model.layers.{cfg.get('num_hidden_layers')}."
+        raise MTPLoadError(f"checkpoint {root} is missing MTP tensor(s): {', '.join(prefix + m for m in missing[:5])}"
+                           + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+    mtp.load_state_dict(loaded, strict=True)
+    target_param = embed_tokens.weight
+    mtp = mtp.to(dtype=dtype or target_param.dtype, device=device or target_param.device)
+    return mtp.eval().requires_grad_(False)
+
+
