@@ -37,6 +37,7 @@ class Injection(nn.Module):
         self.hidden_size = hidden_size
         self.num_target_features = num_target_features
         self.mask_token_id = mask_token_id
+        self.init_kwargs: dict = {}  # saved with the drafter so the variant rebuilds identically
 
     # -- layout ---------------------------------------------------------------------------------
     @property

@@ -24,6 +24,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from dmtp.models import mtp_families
 from dmtp.models.mtp import MTPSpec, NativeMTP, Qwen3MTPBlock
 
 
@@ -33,10 +34,13 @@ class MTPLoadError(ValueError):
 
 @dataclass(frozen=True)
 class MTPFamily:
-    """How one model family's MTP is built: its spec from the text config and its decoder block."""
+    """How one model family's MTP is built: its spec from the text config and its decoder block.
+
+    `block(spec, cfg)`, or `block(spec, cfg, keys=...)` when the factory has a `keys` parameter: then it
+    also receives the checkpoint's block tensor names (relative to `layers.0.`) to pick its layout."""
 
     spec: Callable[[dict], MTPSpec]
-    block: Callable[[MTPSpec, dict], nn.Module]
+    block: Callable[..., nn.Module]
 
 
 def _rope_theta(cfg: dict) -> float:
@@ -55,6 +59,8 @@ def _qwen3_spec(cfg: dict) -> MTPSpec:
 # model_type -> family. Other families register here (see dmtp/models/mtp_families.py).
 MTP_FAMILIES: dict[str, MTPFamily] = {
     "qwen3": MTPFamily(spec=_qwen3_spec, block=lambda spec, cfg: Qwen3MTPBlock(spec)),
+    # Qwen3-Next / Qwen3.5 / Qwen3.6, DeepSeek-V3, GLM-4-MoE.
+    **{model_type: MTPFamily(spec=spec, block=block) for model_type, (spec, block) in mtp_families.FAMILIES.items()},
 }
 
 
@@ -62,8 +68,10 @@ def text_config(config: dict) -> dict:
     """The language model's config: `text_config` of multimodal checkpoints, else the config itself."""
     if "text_config" in config:
         return config["text_config"]
-    if config.get("architectures") and any("ConditionalGeneration" in a for a in config["architectures"]):
-        raise MTPLoadError(f"multimodal config ({config['architectures'][0]}) has no text_config")
+    if (config.get("architectures") and any("ConditionalGeneration" in a for a in config["architectures"])) \
+            or "vision_config" in config:
+        arch = (config.get("architectures") or [config.get("model_type", "?")])[0]
+        raise MTPLoadError(f"multimodal config ({arch}) has no text_config: cannot read the language model's dimensions")
     return config
 
 
@@ -130,17 +138,34 @@ def mtp_tensor_names(keys: list[str], cfg: dict) -> tuple[str, dict[str, str]]:
     return "none", {}
 
 
-def _dequantize_fp8(weight: torch.Tensor, scale_inv: torch.Tensor, block: int = 128) -> torch.Tensor:
-    """DeepSeek-V3 FP8 block quantisation: weight * scale_inv per 128x128 block."""
+def _dequantize_fp8(weight: torch.Tensor, scale_inv: torch.Tensor, block: int | tuple[int, int] = 128) -> torch.Tensor:
+    """DeepSeek-V3 FP8 block quantisation: weight * scale_inv per block (128x128 in the releases; the
+    config's `quantization_config.weight_block_size` when given). Ragged edge blocks are cropped."""
     rows, cols = weight.shape
-    scale = scale_inv.repeat_interleave(block, 0)[:rows].repeat_interleave(block, 1)[:, :cols]
-    return weight.float() * scale.float()
+    br, bc = (block, block) if isinstance(block, int) else block
+    scale = scale_inv.float().repeat_interleave(br, 0)[:rows].repeat_interleave(bc, 1)[:, :cols]
+    if scale.shape != weight.shape:
+        raise MTPLoadError(f"FP8 scale of shape {list(scale_inv.shape)} does not cover a {list(weight.shape)} weight "
+                           f"in {br}x{bc} blocks")
+    return weight.float() * scale
+
+
+_FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+                    if hasattr(torch, n))
+
+
+def _block_keys(names: dict[str, str]) -> list[str]:
+    """The block's tensor names (relative to `layers.0.`), FP8 scales excluded."""
+    return sorted(n[len("layers.0."):] for k, n in names.items()
+                  if n.startswith("layers.0.") and not k.endswith(".weight_scale_inv"))
 
 
 def load_native_mtp(path: str | Path, embed_tokens: nn.Embedding, lm_head: nn.Module,
                     dtype: torch.dtype | None = None, device=None) -> NativeMTP:
     """Build the checkpoint's MTP and load its tensors strictly, sharing the target's embedding/head."""
     root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"checkpoint directory not found: {root}")
     if not (root / "config.json").exists():
         raise FileNotFoundError(f"no config.json in {root}: not a Hugging Face checkpoint directory")
     config = json.loads((root / "config.json").read_text())
@@ -158,11 +183,19 @@ def load_native_mtp(path: str | Path, embed_tokens: nn.Embedding, lm_head: nn.Mo
     if family is None:
         raise MTPLoadError(f"MTP of model_type {model_type!r} is not supported (supported: {', '.join(sorted(MTP_FAMILIES))})")
     spec = family.spec(cfg)
-    mtp = NativeMTP(spec, embed_tokens, lm_head, block=family.block(spec, cfg))
+    if mtp_families.block_accepts_keys(family.block):
+        block = family.block(spec, cfg, keys=_block_keys(names))
+    else:
+        block = family.block(spec, cfg)
+    mtp = NativeMTP(spec, embed_tokens, lm_head, block=block)
     expected = mtp.state_dict()
 
     # FP8 checkpoints carry `<name>.weight_scale_inv` next to a quantised `<name>.weight`.
     scales = {k[: -len("_scale_inv")]: k for k in names if k.endswith(".weight_scale_inv")}
+    for weight_key, scale_key in scales.items():
+        if weight_key not in names:
+            raise MTPLoadError(f"FP8 scale {scale_key!r} in {root} has no weight {weight_key!r}")
+    block_size = (config.get("quantization_config") or {}).get("weight_block_size") or [128, 128]
     loaded = {}
     for key, name in names.items():
         if key.endswith(".weight_scale_inv"):
@@ -171,7 +204,9 @@ def load_native_mtp(path: str | Path, embed_tokens: nn.Embedding, lm_head: nn.Mo
             raise MTPLoadError(f"unexpected MTP tensor {key!r} in {root} (no parameter {name!r} in the {model_type} MTP)")
         tensor = index.get(key)
         if key in scales:
-            tensor = _dequantize_fp8(tensor, index.get(scales[key]))
+            tensor = _dequantize_fp8(tensor, index.get(scales[key]), tuple(block_size))
+        elif tensor.dtype in _FP8_DTYPES:
+            raise MTPLoadError(f"FP8 MTP tensor {key!r} in {root} has no '{key}_scale_inv' to dequantise it")
         if list(tensor.shape) != list(expected[name].shape):
             raise MTPLoadError(f"shape mismatch for MTP tensor {key!r}: checkpoint {list(tensor.shape)}, "
                                f"expected {list(expected[name].shape)}")

@@ -9,12 +9,14 @@ model.safetensors (target tensors plus `mtp.*`), tokenizer files and build_repor
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
 import shutil
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -33,7 +35,9 @@ BUILD_VERSION = 1
 
 
 def default_target_dir(preset: str) -> Path:
-    return targets_dir() / f"{preset}-v{BUILD_VERSION}"
+    """Cache directory named after the preset's content, so a changed preset never reuses a stale build."""
+    digest = hashlib.sha1(f"{BUILD_VERSION}{asdict(get_preset(preset))}".encode()).hexdigest()[:8]
+    return targets_dir() / f"{preset}-{digest}"
 
 
 def ensure_tiny_target(preset: str = "tiny", out_dir: str | Path | None = None, progress: bool = True) -> Path:
@@ -146,7 +150,7 @@ def save_target(model: Qwen3ForCausalLM, mtp: NativeMTP, out_dir: Path) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="tiny", help="micro | tiny")
-    parser.add_argument("--out", default=None, help="target directory (default: $DMTP_HOME/targets/<preset>-v1)")
+    parser.add_argument("--out", default=None, help="target directory (default: $DMTP_HOME/targets/<preset>-<hash>)")
     parser.add_argument("--force", action="store_true", help="rebuild even if a cached target exists")
     args = parser.parse_args(argv)
     path = Path(args.out) if args.out else default_target_dir(args.preset)

@@ -1,0 +1,514 @@
+"""The one speculative decoding loop (SPEC §5) for every method: ar, mtp415, raw DFlash, every DMTP variant.
+
+Per round, for a batch of requests that each advance by their own accepted length:
+
+1. the proposer's stages (MTP proposes T1 from its cached hidden; the injection module builds the
+   drafter's slots; one parallel drafter forward) fill `candidates [B, K]`;
+2. `verify`: the target runs `[A, c1..cK]` at positions `L..L+K` in one forward; the target's token
+   at every slot (argmax, or a sample at temperature > 0) decides the accepted prefix on the device;
+   the accepted prefix + correction/bonus is appended to the output, cut at EOS and at the budget;
+   finished requests stop advancing; the target's length moves by the committed count;
+3. the proposer's advance stages catch its own state up with the committed rows (MTP catch-up from
+   the target's hidden states, drafter context append).
+
+Every stage reads and writes preallocated device buffers and takes no host values, so the same
+functions run eagerly on CPU and replay as CUDA graphs on GPU (`dmtp.decode.graphs`). The only host
+sync is the `done` poll every `poll_every` rounds.
+
+Python::
+
+    from dmtp.decode import SpecDecoder, SamplingConfig, build_proposer
+    proposer = build_proposer("drafter", target, mtp=mtp, drafter=drafter, injection=injection)
+    dec = SpecDecoder(target, proposer, eos_token_id=tok.eos_token_id)
+    res = dec.generate(prompts, max_new_tokens=64, batch_size=8)        # greedy
+    res.tokens        # per request: output ids (first = prefill token; ends at EOS or the budget)
+    res.accepted      # per request, per round: committed accepted candidates (0..K)
+    res.summary()     # SPEC §6 metrics
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from dmtp.decode.metrics import AcceptanceRecorder, StageTimer, throughput
+from dmtp.decode.proposers import (ARProposer, DrafterProposer, MTPChainProposer, Proposer, ScriptedProposer)
+from dmtp.decode.target_runner import TargetRunner, make_target_runner
+from dmtp.decode.verify import accept_rejection_sampling, accept_target_only, probs_from_logits, sample_tokens
+
+VERIFICATION_MODES = ("target_only", "rejection")
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """temperature 0 = greedy. `verification`: target_only (sample the target at every slot, accept
+    while equal; drafts are the proposers' argmax) or rejection (drafts sampled from the proposers'
+    q and accepted with min(1, p/q); higher acceptance at temperature > 0, same output distribution)."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    verification: str = "target_only"
+
+    def __post_init__(self):
+        if self.verification not in VERIFICATION_MODES:
+            raise ValueError(f"verification must be one of {VERIFICATION_MODES}, got {self.verification!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    @property
+    def uses_draft_probs(self) -> bool:
+        return self.verification == "rejection" and not self.greedy
+
+    def key(self) -> tuple:
+        return (float(self.temperature), int(self.top_k), float(self.top_p), self.verification)
+
+
+class DecodeState:
+    """Every tensor a round reads or writes, allocated once per (batch bucket, max length)."""
+
+    def __init__(self, batch: int, max_len: int, num_candidates: int, max_new: int, vocab_size: int,
+                 hidden_size: int, feature_dim: int, device, dtype, sampling: SamplingConfig,
+                 runner: TargetRunner, eos_ids: Sequence[int], need_hidden: bool, need_features: bool):
+        self.batch, self.max_len, self.device, self.dtype = batch, max_len, torch.device(device), dtype
+        self.num_candidates = k = num_candidates
+        self.width = w = k + 1
+        self.vocab_size = vocab_size
+        self.sampling = sampling
+        self.runner = runner
+        self.max_new_cap = max_new
+        self.generator: torch.Generator | None = None
+        self.request_ids: list[int] = []
+        dev = self.device
+        z = lambda *s, dt=torch.long: torch.zeros(*s, dtype=dt, device=dev)  # noqa: E731
+        self.offsets = torch.arange(w, device=dev)
+        self.eos = torch.tensor(list(eos_ids) or [-1], dtype=torch.long, device=dev)
+        self.max_new = z(())
+        self.anchor = z(batch)
+        self.candidates = z(batch, k)
+        self.q = torch.zeros(batch, k, vocab_size, dtype=torch.float32, device=dev) if sampling.uses_draft_probs else None
+        self.y = z(batch, w)
+        self.acc = z(batch)
+        self.a_prev = z(batch)
+        self.h_verify = torch.zeros(batch, w, hidden_size, dtype=dtype, device=dev) if need_hidden else None
+        self.f_verify = torch.zeros(batch, w, feature_dim, dtype=dtype, device=dev) if need_features else None
+        self.out_tokens = z(batch, max_new + w)
+        self.out_len = z(batch)
+        self.done = z(batch, dt=torch.bool)
+        self.rounds_cap = max_new + 64
+        self.acc_log = z(self.rounds_cap, batch)
+        self.raw_log = z(self.rounds_cap, batch)
+        self.round_idx = z(1)
+
+    def target_lengths(self) -> torch.Tensor:
+        return self.runner.lengths
+
+    def reset(self) -> None:
+        """Back to a harmless all-zero state (after graph warm-up; before a prefill)."""
+        for t in (self.anchor, self.candidates, self.y, self.acc, self.a_prev, self.out_tokens, self.out_len,
+                  self.round_idx, self.runner.lengths):
+            t.zero_()
+        self.acc_log.fill_(-1)
+        self.raw_log.fill_(-1)
+        self.done.zero_()
+        if self.q is not None:
+            self.q.zero_()
+
+
+@dataclass
+class DecodeResult:
+    method: str
+    num_candidates: int
+    tokens: list[list[int]]
+    accepted: list[list[int]]            # committed accepted candidates per round (cut by EOS/budget)
+    accepted_raw: list[list[int]]        # what verification accepted before the EOS/budget cut
+    prompt_lengths: list[int]
+    wall_s: float
+    prefill_s: float
+    ttft_s: list[float]                  # per request: from its batch's start to its first token
+    stage_ms: dict[str, float]
+    counted_rounds: int
+    batches: int
+    sampling: SamplingConfig
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def recorder(self) -> AcceptanceRecorder:
+        rec = AcceptanceRecorder(self.num_candidates, num_requests=len(self.accepted))
+        for i, rounds in enumerate(self.accepted):
+            rec.per_request[i].extend(rounds)
+        return rec
+
+    def summary(self) -> dict:
+        """SPEC §6: acceptance (per-request and per-verify), histogram, T1 acceptance, P(L>=k) and
+        conditional, throughput incl. prefill, time to first token, per-stage ms per round."""
+        acc = self.recorder.summary()
+        return {
+            "method": self.method,
+            **acc,
+            "output_tokens": self.output_tokens,
+            "wall_s": self.wall_s,
+            "tokens_per_s": throughput(self.output_tokens, self.wall_s),
+            "prefill_s": self.prefill_s,
+            "ttft_ms": 1e3 * sum(self.ttft_s) / max(1, len(self.ttft_s)),
+            "stage_ms_per_round": self.stage_ms,
+            "timed_rounds": self.counted_rounds,
+            "batches": self.batches,
+            "sampling": {"temperature": self.sampling.temperature, "top_k": self.sampling.top_k,
+                         "top_p": self.sampling.top_p, "verification": self.sampling.verification},
+            "per_request": [{"prompt_tokens": p, "output_tokens": len(t), "rounds": len(a),
+                             "tau": (sum(x + 1 for x in a) / len(a)) if a else None}
+                            for p, t, a in zip(self.prompt_lengths, self.tokens, self.accepted)],
+            **self.extra,
+        }
+
+
+def _round_up(x: int, m: int) -> int:
+    return ((x + m - 1) // m) * m
+
+
+class SpecDecoder:
+    """One decoding loop over a target runner and a proposer (see module docstring).
+
+    cuda_graphs: on a CUDA device, capture each round's stages per batch bucket (`graphs.py`) and
+    replay them; ignored elsewhere. time_stages: per-stage timing (host-synced on CUDA eager;
+    CUDA events with graphs). poll_every: rounds between `done` polls (default 1 eager, 4 graphs)."""
+
+    def __init__(self, target, proposer: Proposer, eos_token_id: int | Sequence[int] | None = None, *,
+                 runner: str | TargetRunner = "auto", attention: str = "auto", cuda_graphs: bool = False,
+                 batch_buckets: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128), warmup_rounds: int = 2,
+                 poll_every: int | None = None, time_stages: bool = True, graph_granularity: str = "stage"):
+        self.target = target
+        self.proposer = proposer
+        if isinstance(runner, TargetRunner):
+            runner.set_features(proposer.layer_ids)
+            self.runner = runner
+        else:
+            self.runner = make_target_runner(target, proposer.layer_ids, kind=runner, attention=attention)
+        if eos_token_id is None:
+            eos_token_id = getattr(target.config, "eos_token_id", None)
+        if eos_token_id is None:
+            eos_ids: list[int] = []
+        elif isinstance(eos_token_id, int):
+            eos_ids = [eos_token_id]
+        else:
+            eos_ids = [int(e) for e in eos_token_id]
+        self.eos_ids = eos_ids
+        self.device = target.device
+        self.dtype = target.dtype
+        self.use_graphs = bool(cuda_graphs) and self.device.type == "cuda" and self.runner.supports_graphs
+        self.batch_buckets = sorted(int(b) for b in batch_buckets)
+        self.warmup_rounds = warmup_rounds
+        self.poll_every = poll_every or (4 if self.use_graphs else 1)
+        self.time_stages = time_stages
+        self.graph_granularity = graph_granularity
+        self.vocab_size = target.lm_head.weight.shape[0]
+        self.st: DecodeState | None = None
+        self._graphs: dict = {}
+
+    @property
+    def num_candidates(self) -> int:
+        return self.proposer.num_candidates
+
+    # -- state ---------------------------------------------------------------------------------------
+    def _bucket(self, n: int) -> int:
+        if not self.use_graphs:
+            return n
+        for b in self.batch_buckets:
+            if b >= n:
+                return b
+        return n
+
+    def _ensure_state(self, batch: int, need_len: int, max_new: int, sampling: SamplingConfig) -> DecodeState:
+        st = self.st
+        reuse = (st is not None and st.batch == batch and st.max_len >= need_len and st.max_new_cap >= max_new
+                 and st.sampling.uses_draft_probs == sampling.uses_draft_probs
+                 and (self.use_graphs or st.max_len == need_len))
+        if reuse:
+            st.sampling = sampling
+            return st
+        max_len = _round_up(need_len, 256 if self.use_graphs else 16)
+        max_new_cap = _round_up(max_new, 64) if self.use_graphs else max_new
+        self.runner.allocate(batch, max_len)
+        st = DecodeState(batch, max_len, self.num_candidates, max_new_cap, self.vocab_size, self.runner.hidden_size,
+                         self.runner.feature_dim, self.device, self.dtype, sampling, self.runner, self.eos_ids,
+                         need_hidden=self.proposer.needs_last_hidden, need_features=self.proposer.needs_features)
+        self.proposer.allocate(st)
+        self.st = st
+        self._graphs.clear()
+        return st
+
+    def stages(self, st: DecodeState) -> list:
+        """The round: (name, fn) pairs in order. Stage names: mtp, t1_fusion, drafter, verify."""
+        return self.proposer.propose_stages(st) + [("verify", lambda: self._verify(st))] + \
+            self.proposer.advance_stages(st)
+
+    # -- the verify/accept stage ------------------------------------------------------------------
+    def _verify(self, st: DecodeState) -> None:
+        s, k = st.sampling, st.num_candidates
+        runner = self.runner
+        tokens = torch.cat([st.anchor[:, None], st.candidates], dim=1) if k else st.anchor[:, None]
+        positions = runner.lengths[:, None] + st.offsets
+        out = runner.verify(tokens, positions)
+        if s.uses_draft_probs and k:
+            p = probs_from_logits(out.logits, s.temperature, s.top_k, s.top_p)
+            y, acc = accept_rejection_sampling(st.candidates, st.q, p, generator=st.generator)
+        else:
+            y = sample_tokens(out.logits, s.temperature, s.top_k, s.top_p, generator=st.generator)
+            acc = accept_target_only(st.candidates, y)
+        active = ~st.done
+        w = st.width
+        hit = (y[..., None] == st.eos).any(-1)
+        first_eos = torch.where(hit, st.offsets, w).amin(1)
+        remaining = st.max_new - st.out_len
+        eff = torch.minimum(torch.minimum(acc, first_eos), remaining - 1).clamp_min(0)
+        n = (eff + 1) * active
+        emit = (st.offsets[None] <= eff[:, None]) & active[:, None]
+        idx = st.out_len[:, None] + st.offsets
+        st.out_tokens.scatter_(1, idx, torch.where(emit, y, st.out_tokens.gather(1, idx)))
+        st.out_len.add_(n)
+        finished = (hit & emit).any(1) | (st.out_len >= st.max_new)
+        st.done.logical_or_(finished & active)
+        st.anchor.copy_(torch.where(active, y.gather(1, eff[:, None]).squeeze(1), st.anchor))
+        st.a_prev.copy_(runner.lengths)
+        runner.advance(n)
+        st.y.copy_(y)
+        st.acc.copy_(eff)
+        if st.h_verify is not None:
+            st.h_verify.copy_(out.last_hidden)
+        if st.f_verify is not None:
+            st.f_verify.copy_(out.layer_hidden)
+        r = st.round_idx.clamp(max=st.rounds_cap - 1)
+        st.acc_log.index_copy_(0, r, torch.where(active, eff, -1)[None])
+        st.raw_log.index_copy_(0, r, torch.where(active, acc, -1)[None])
+        st.round_idx.add_(1)
+
+    # -- prefill ------------------------------------------------------------------------------------
+    def _prefill(self, st: DecodeState, prompts: list[list[int]], max_new: int) -> None:
+        b = st.batch
+        pad = self.eos_ids[0] if self.eos_ids else 0
+        rows = prompts + [[pad]] * (b - len(prompts))
+        t = max(len(p) for p in rows)
+        ids = torch.full((b, t), pad, dtype=torch.long)
+        for i, p in enumerate(rows):
+            ids[i, :len(p)] = torch.tensor(p, dtype=torch.long)
+        ids = ids.to(self.device)
+        lengths = torch.tensor([len(p) for p in rows], dtype=torch.long, device=self.device)
+        st.reset()
+        st.max_new.fill_(max_new)
+        out = self.runner.prefill(ids, lengths, last_logits_only=True)
+        s = st.sampling
+        first = sample_tokens(out.logits, s.temperature, s.top_k, s.top_p, generator=st.generator)[:, 0]
+        st.anchor.copy_(first)
+        st.out_tokens[:, 0] = first
+        st.out_len.fill_(1)
+        padding = torch.arange(b, device=self.device) >= len(prompts)
+        st.done.copy_(padding | (first[:, None] == st.eos).any(-1) | (st.out_len >= st.max_new))
+        self.proposer.prefill(st, ids, lengths, out)
+
+    # -- public API ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 64,
+                 sampling: SamplingConfig | None = None, batch_size: int = 8, seed: int = 0,
+                 progress: bool = False, **sampling_kwargs) -> DecodeResult:
+        """Decode every prompt (lists of token ids) in static batches of `batch_size`.
+
+        Output per request: up to `max_new_tokens` tokens (the prefill's token included), ending at the
+        first EOS. Greedy output equals the target's own greedy decoding token for token."""
+        if sampling is None:
+            sampling = SamplingConfig(**sampling_kwargs)
+        elif sampling_kwargs:
+            raise ValueError("pass either sampling= or sampling keyword arguments, not both")
+        if max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+        prompts = [list(map(int, p)) for p in prompts]
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("empty prompt")
+        n_req = len(prompts)
+        tokens: list[list[int]] = [[] for _ in range(n_req)]
+        accepted: list[list[int]] = [[] for _ in range(n_req)]
+        accepted_raw: list[list[int]] = [[] for _ in range(n_req)]
+        ttft = [0.0] * n_req
+        timer = self._make_timer()
+        cpu_gen = None
+        if self.device.type == "cuda":
+            torch.cuda.manual_seed(seed)  # graphs replay the default CUDA generator
+        else:
+            cpu_gen = torch.Generator(device=self.device).manual_seed(seed)
+        bar = _progress(n_req, f"decode {self.proposer.name}", progress)
+        self._sync()
+        t_start = time.perf_counter()
+        prefill_s = 0.0
+        batches = 0
+        for start in range(0, n_req, batch_size):
+            ids = list(range(start, min(n_req, start + batch_size)))
+            chunk = [prompts[i] for i in ids]
+            t_batch = time.perf_counter()
+            st = self._ensure_state(self._bucket(len(chunk)), max(map(len, chunk)) + max_new_tokens + 6 * (self.num_candidates + 1) + 2,
+                                    max_new_tokens, sampling)
+            st.generator = cpu_gen
+            st.request_ids = ids + [ids[0]] * (st.batch - len(ids))
+            self._prefill(st, chunk, max_new_tokens)
+            self._sync()
+            t_first = time.perf_counter() - t_batch
+            prefill_s += t_first
+            for i in ids:
+                ttft[i] = t_first
+            self._decode_rounds(st, max_new_tokens, timer)
+            out_len = st.out_len.cpu().tolist()
+            out_tok = st.out_tokens.cpu()
+            n_rounds = min(int(st.round_idx.item()), st.rounds_cap)
+            acc_log = st.acc_log[:n_rounds].cpu().T.tolist()
+            raw_log = st.raw_log[:n_rounds].cpu().T.tolist()
+            for row, i in enumerate(ids):
+                tokens[i] = out_tok[row, :out_len[row]].tolist()
+                accepted[i] = [a for a in acc_log[row] if a >= 0]
+                accepted_raw[i] = [a for a in raw_log[row] if a >= 0]
+            batches += 1
+            bar.update(len(ids))
+        self._sync()
+        wall = time.perf_counter() - t_start
+        bar.close()
+        return DecodeResult(self.proposer.name, self.num_candidates, tokens, accepted, accepted_raw,
+                            [len(p) for p in prompts], wall, prefill_s, ttft,
+                            timer.ms_per_round() if timer is not None else {},
+                            timer.counted_rounds if timer is not None else 0, batches, sampling,
+                            extra={"runner": self.runner.kind, "cuda_graphs": self.use_graphs,
+                                   "attention": getattr(self.runner, "attention", "hf")})
+
+    # -- rounds ---------------------------------------------------------------------------------------
+    def _make_timer(self) -> StageTimer | None:
+        if not self.time_stages:
+            return None
+        return StageTimer(skip_rounds=self.warmup_rounds, device=self.device, use_cuda_events=self.use_graphs)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _decode_rounds(self, st: DecodeState, max_new: int, timer: StageTimer | None) -> None:
+        if self.use_graphs:
+            from dmtp.decode.graphs import RoundGraphs
+
+            key = (st.batch, st.max_len, st.sampling.key())
+            graphs = self._graphs.get(key)
+            if graphs is None:
+                graphs = self._capture(st, RoundGraphs)
+                self._graphs[key] = graphs
+            run_round = lambda: graphs.replay(timer)  # noqa: E731
+        else:
+            stages = self.stages(st)
+
+            def run_round():
+                for name, fn in stages:
+                    with (timer.stage(name) if timer is not None else contextlib.nullcontext()):
+                        fn()
+
+        for r in range(max_new + self.poll_every):
+            with (timer.round() if timer is not None else contextlib.nullcontext()):
+                run_round()
+            if (r + 1) % self.poll_every == 0 and bool(st.done.all()):
+                break
+
+    def _capture(self, st: DecodeState, graphs_cls):
+        """Capture the round's stages with a snapshot/restore of the state the warm-up mutates."""
+        saved = _snapshot(st, self.runner, self.proposer)
+        graphs = graphs_cls(self.stages(st), granularity=self.graph_granularity)
+        graphs.capture(reset=lambda: _restore(saved))
+        return graphs
+
+
+_SNAPSHOT_SKIP = {"g_buf", "ref", "ctx_positions", "offsets", "row_offsets", "block_ids", "eos"}
+
+
+def _snapshot(st: DecodeState, runner: TargetRunner, proposer: Proposer) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(buffer, copy) of every small mutable decoding tensor that a warm-up round changes: the loop
+    state, the runner's lengths and the proposer's own buffers. KV caches and the per-position MTP
+    buffer are left alone: warm-up only writes them at positions >= the committed lengths, which are
+    scratch once the lengths are restored."""
+    seen: set[int] = set()
+    out = []
+    objs = [st, proposer, getattr(proposer, "mtp_state", None), getattr(proposer, "dstate", None)]
+    for obj in objs:
+        if obj is None:
+            continue
+        for name, v in vars(obj).items():
+            if isinstance(v, torch.Tensor) and name not in _SNAPSHOT_SKIP and id(v) not in seen \
+                    and not isinstance(v, torch.nn.Parameter):
+                seen.add(id(v))
+                out.append(v)
+    if id(runner.lengths) not in seen:
+        out.append(runner.lengths)
+    return [(t, t.clone()) for t in out]
+
+
+def _restore(saved) -> None:
+    for t, c in saved:
+        t.copy_(c)
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    if enabled:
+        try:
+            from tqdm.auto import tqdm
+
+            return tqdm(total=total, desc=desc, unit="req", leave=False)
+        except ImportError:  # pragma: no cover
+            pass
+
+    class _Null:
+        def update(self, n):
+            pass
+
+        def close(self):
+            pass
+
+    return _Null()
+
+
+# ---------------------------------------------------------------------------------------------------
+# method factory
+# ---------------------------------------------------------------------------------------------------
+
+def parse_mtp_steps(method: str) -> int | None:
+    """`mtp415` -> 4 (k=4, top-1, 5 verify slots); `mtp` -> None (use the configured steps);
+    `mtp:<k>` -> k. Other names -> ValueError."""
+    if method == "mtp415":
+        return 4
+    if method == "mtp":
+        return None
+    if method.startswith("mtp:") and method[4:].isdigit():
+        return int(method[4:])
+    raise ValueError(f"not an MTP method name: {method!r}")
+
+
+def build_proposer(method: str, target, mtp=None, drafter=None, injection=None, mtp_steps: int = 4,
+                   name: str | None = None) -> Proposer:
+    """method: ar | mtp415 | mtp | mtp:<k> | drafter (raw DFlash or any DMTP variant, by its injection)."""
+    if method == "ar":
+        return ARProposer()
+    if method.startswith("mtp"):
+        if mtp is None:
+            raise ValueError(f"method {method!r} needs the target's native MTP")
+        steps = parse_mtp_steps(method) or mtp_steps
+        return MTPChainProposer(mtp, steps, name=name or method)
+    if method == "drafter":
+        if drafter is None or injection is None:
+            raise ValueError("method 'drafter' needs a drafter and its injection module")
+        return DrafterProposer(drafter, injection, target.embed_tokens.weight, target.lm_head.weight, mtp=mtp,
+                               name=name or "drafter")
+    raise ValueError(f"unknown method {method!r}: ar | mtp415 | mtp | mtp:<k> | drafter")
+
+
+__all__ = ["SpecDecoder", "SamplingConfig", "DecodeResult", "DecodeState", "build_proposer", "parse_mtp_steps",
+           "ScriptedProposer", "VERIFICATION_MODES"]

@@ -1,0 +1,342 @@
+"""Candidate proposers for the one decoding loop (`dmtp.decode.loop.SpecDecoder`).
+
+A proposer contributes two lists of stages to every round, each stage a no-argument function that
+reads and writes preallocated device buffers (so the same code runs eagerly on CPU and inside CUDA
+graphs on GPU):
+
+* `propose_stages(st)`: fill `st.candidates [B, K]` (and `st.q [B, K, V]`, the proposal
+  distributions, when rejection sampling is on);
+* `advance_stages(st)`: after the target's verify, bring the proposer's own state up to date with the
+  committed rows (`st.y`, `st.h_verify`, `st.f_verify`, `st.a_prev`, `st.acc`).
+
+Methods:
+* `ARProposer`: target-only autoregressive (K = 0).
+* `MTPChainProposer(k)`: the native MTP chained k times (`mtp415` = k 4, top-1, 5 verify slots).
+* `DrafterProposer`: raw DFlash and every DMTP variant, through the drafter's injection module.
+  It never looks at a variant's name: `uses_mtp`, `needs_mtp_context`, `num_slots`,
+  `first_predicted_slot`, `slot_positions` and `build_slots` say everything.
+* `ScriptedProposer`: proposes given continuations, optionally corrupting one candidate (tests,
+  acceptance ceilings).
+
+State shared by the MTP-using methods is `MTPState`: the MTP's private static KV cache, the hidden
+`h` that predicts the next T1 (g at the anchor position) and, for context variants, a per-position
+buffer of g (`g_buf[:, t] = g_t`, the MTP row that consumed (x_t, h_{t-1}); `g_buf[:, 0] = 0`), the
+same alignment as `NativeMTP.forward_teacher`. After each verify a fixed catch-up of W rows rebuilds
+the MTP rows at positions a+1..a+W from the TARGET's hidden states: row i consumes (y[i], h_verify[i]).
+`DrafterState` caches only the drafter's context K/V (positions < anchor); the block's own K/V are
+recomputed every round and never stored.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from dmtp.decode.verify import probs_from_logits, sample_from_probs
+from dmtp.injection.base import BLOCK_CANDIDATES, Injection
+from dmtp.models.drafter import DFlashDrafter
+from dmtp.models.mtp import NativeMTP
+from dmtp.models.qwen3 import KVCache
+
+Stage = tuple[str, Callable[[], None]]
+
+
+def pick_tokens(logits: torch.Tensor, st) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Draft tokens from proposal logits [..., V]. Greedy (argmax) unless rejection sampling is on at
+    temperature > 0; then sampled from q (returned) with the run's temperature/top-k/top-p."""
+    s = st.sampling
+    if s.uses_draft_probs:
+        q = probs_from_logits(logits, s.temperature, s.top_k, s.top_p)
+        return sample_from_probs(q, generator=st.generator), q
+    return logits.argmax(-1), None
+
+
+def _gather_pos(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """x [B, T, D], idx [B] -> [B, D]."""
+    return x.gather(1, idx.view(-1, 1, 1).expand(-1, 1, x.shape[-1])).squeeze(1)
+
+
+class MTPState:
+    """The native MTP's decoding state (see module docstring)."""
+
+    def __init__(self, mtp: NativeMTP, keep_features: bool = False):
+        self.mtp = mtp
+        self.keep_features = keep_features
+        self.hidden_size = mtp.spec.hidden_size
+
+    def allocate(self, batch: int, max_len: int, rows: int, device, dtype) -> None:
+        self.cache = self.mtp.new_cache(batch, max_len, dtype, device)
+        self.h = torch.zeros(batch, self.hidden_size, dtype=dtype, device=device)
+        self.g_buf = torch.zeros(batch, max_len, self.hidden_size, dtype=dtype, device=device) if self.keep_features else None
+        self.row_offsets = torch.arange(1, rows + 1, device=device)
+
+    def prefill(self, ids: torch.Tensor, lengths: torch.Tensor, anchor: torch.Tensor, last_hidden: torch.Tensor) -> None:
+        """Rows at positions 1..T over the prompt: row t consumes (x_t, h_{t-1}); x_len = A (the first
+        output token). Row `len` gives the hidden that predicts T1."""
+        b, t = ids.shape
+        tokens = torch.cat([ids[:, 1:], ids.new_zeros(b, 1)], dim=1)
+        tokens.scatter_(1, (lengths - 1)[:, None], anchor[:, None])
+        positions = torch.arange(1, t + 1, device=ids.device).expand(b, -1)
+        g = self.mtp.forward_rows(tokens, last_hidden, positions, self.cache)
+        self.h.copy_(_gather_pos(g, lengths - 1))
+        if self.g_buf is not None:
+            self.g_buf.zero_()
+            self.g_buf[:, 1:t + 1] = g.to(self.g_buf.dtype)
+
+    def catch_up(self, tokens: torch.Tensor, hidden: torch.Tensor, a_prev: torch.Tensor, acc: torch.Tensor) -> None:
+        """tokens/hidden [B, W]: the verify's target tokens y and post-norm hidden states at positions
+        a..a+W-1. Rows at a+1..a+W; the row at a+acc+1 (the new anchor) gives the next T1's hidden."""
+        positions = a_prev[:, None] + self.row_offsets
+        g = self.mtp.forward_rows(tokens, hidden, positions, self.cache)
+        self.h.copy_(_gather_pos(g, acc))
+        if self.g_buf is not None:
+            self.g_buf.scatter_(1, positions[..., None].expand(-1, -1, g.shape[-1]), g.to(self.g_buf.dtype))
+
+    def step(self, token: torch.Tensor, prev_hidden: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """One chained row (scratch; the next catch-up overwrites it): [B], [B, H], [B] -> g [B, H]."""
+        return self.mtp.forward_rows(token[:, None], prev_hidden[:, None], position[:, None], self.cache)[:, 0]
+
+    def logits(self, g: torch.Tensor) -> torch.Tensor:
+        return self.mtp.logits(g)
+
+
+class DrafterState:
+    """A DFlash drafter with its context-only K/V cache and an injection module."""
+
+    def __init__(self, drafter: DFlashDrafter, injection: Injection, embed_weight: torch.Tensor,
+                 lm_head_weight: torch.Tensor):
+        if injection.context_dim != drafter.config.context_dim:
+            raise ValueError(f"injection context width {injection.context_dim} != drafter fc input {drafter.config.context_dim}")
+        self.drafter, self.injection = drafter, injection
+        self.embed_weight, self.lm_head_weight = embed_weight, lm_head_weight
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.drafter.embed_noise(ids, self.embed_weight)
+
+    def allocate(self, batch: int, max_len: int, device, dtype) -> None:
+        c = self.drafter.config
+        self.caches = [KVCache(batch, c.num_key_value_heads, max_len, c.head_dim, dtype, device)
+                       for _ in range(c.num_hidden_layers)]
+        self.ctx_positions = torch.arange(max_len, device=device).expand(batch, -1)
+        n = self.injection.num_slots
+        self.block_ids = torch.zeros(batch, n, dtype=torch.long, device=device)
+        self.slots = torch.zeros(batch, n, c.hidden_size, dtype=dtype, device=device)
+
+    def append(self, features: torch.Tensor, mtp_features: torch.Tensor | None, positions: torch.Tensor) -> None:
+        """Context K/V of rows [B, R] at `positions` (rows past a request's accepted count are scratch,
+        invisible because they sit at or after the next anchor, and overwritten by the next append)."""
+        ctx = self.injection.context_features(features, mtp_features)
+        hidden = self.drafter.project_context(ctx.to(self.slots.dtype))
+        for cache, (k, v) in zip(self.caches, self.drafter.context_kv(hidden, positions)):
+            cache.write(positions, k, v)
+
+    def build(self, anchor: torch.Tensor, t1: torch.Tensor | None, h_mtp: torch.Tensor | None) -> None:
+        self.slots.copy_(self.injection.build_slots(self.embed, anchor, t1, h_mtp))
+
+    def draft_logits(self, anchor_pos: torch.Tensor) -> torch.Tensor:
+        """Logits [B, num_drafter_candidates, V] of the predicted slots; context strictly before A."""
+        inj = self.injection
+        positions = inj.slot_positions(anchor_pos)
+        limit = anchor_pos[:, None].expand(-1, inj.num_slots)
+        ctx_kv = [(c.k, c.v) for c in self.caches]
+        hidden = self.drafter(self.slots, positions, ctx_kv, self.ctx_positions, limit, self.block_ids)
+        return self.drafter.logits(hidden[:, inj.first_predicted_slot:], self.lm_head_weight)
+
+
+class Proposer:
+    """Base: proposes nothing (K = 0)."""
+
+    name = "ar"
+    num_candidates = 0
+    layer_ids: Sequence[int] = ()
+    mtp_state: MTPState | None = None
+
+    @property
+    def needs_last_hidden(self) -> bool:
+        return self.mtp_state is not None
+
+    @property
+    def needs_features(self) -> bool:
+        return bool(self.layer_ids)
+
+    def allocate(self, st) -> None:
+        if self.mtp_state is not None:
+            self.mtp_state.allocate(st.batch, st.max_len, st.width, st.device, st.dtype)
+
+    def prefill(self, st, ids: torch.Tensor, lengths: torch.Tensor, out) -> None:
+        if self.mtp_state is not None:
+            self.mtp_state.prefill(ids, lengths, st.anchor, out.last_hidden)
+
+    def propose_stages(self, st) -> list[Stage]:
+        return []
+
+    def advance_stages(self, st) -> list[Stage]:
+        if self.mtp_state is None:
+            return []
+        m = self.mtp_state
+        return [("mtp", lambda: m.catch_up(st.y, st.h_verify, st.a_prev, st.acc))]
+
+
+class ARProposer(Proposer):
+    """Target-only autoregressive decoding: verify [A] alone, one token per round."""
+
+    name = "ar"
+
+
+class MTPChainProposer(Proposer):
+    """The native MTP proposes k tokens by chaining itself: step 1 reads its cached hidden (built from
+    the target's states), later steps read its own post-norm hidden g of the previous step."""
+
+    def __init__(self, mtp: NativeMTP, steps: int = 4, name: str | None = None):
+        if steps < 1:
+            raise ValueError("MTP chain needs at least one step")
+        self.mtp_state = MTPState(mtp)
+        self.num_candidates = steps
+        self.name = name or f"mtp{steps}"
+
+    def propose_stages(self, st) -> list[Stage]:
+        m, k = self.mtp_state, self.num_candidates
+
+        def chain():
+            h = m.h
+            a = st.target_lengths()
+            toks, qs = [], []
+            for j in range(k):
+                if j > 0:
+                    h = m.step(toks[-1], h, a + j)
+                tok, q = pick_tokens(m.logits(h), st)
+                toks.append(tok)
+                qs.append(q)
+            st.candidates.copy_(torch.stack(toks, dim=1))
+            if st.q is not None:
+                st.q.copy_(torch.stack(qs, dim=1))
+
+        return [("mtp", chain)]
+
+
+class DrafterProposer(Proposer):
+    """A DFlash drafter (raw or DMTP): 7 candidates, the MTP's T1 first when the injection uses it."""
+
+    def __init__(self, drafter: DFlashDrafter, injection: Injection, embed_weight: torch.Tensor,
+                 lm_head_weight: torch.Tensor, mtp: NativeMTP | None = None, name: str = "drafter"):
+        self.name = name
+        self.injection = injection
+        self.dstate = DrafterState(drafter, injection, embed_weight, lm_head_weight)
+        if injection.uses_mtp or injection.needs_mtp_context:
+            if mtp is None:
+                raise ValueError(f"the {type(injection).__name__} drafter needs the target's native MTP (none given)")
+            self.mtp_state = MTPState(mtp, keep_features=injection.needs_mtp_context)
+        self.num_candidates = BLOCK_CANDIDATES
+        self.layer_ids = list(drafter.config.target_layer_ids)
+
+    def allocate(self, st) -> None:
+        super().allocate(st)
+        self.dstate.allocate(st.batch, st.max_len, st.device, st.dtype)
+        inj = self.injection
+        n_t1 = 1 if inj.uses_mtp else 0
+        if n_t1 + inj.num_drafter_candidates != self.num_candidates:
+            raise ValueError(f"injection proposes {n_t1 + inj.num_drafter_candidates} candidates, expected {self.num_candidates}")
+        self.t1 = torch.zeros(st.batch, dtype=torch.long, device=st.device)
+        self.q_t1 = (torch.zeros(st.batch, st.vocab_size, dtype=torch.float32, device=st.device)
+                     if st.q is not None and inj.uses_mtp else None)
+        self.offsets = torch.arange(st.width, device=st.device)
+
+    def _mtp_features(self, positions: torch.Tensor) -> torch.Tensor | None:
+        if not self.injection.needs_mtp_context:
+            return None
+        g = self.mtp_state.g_buf
+        return g.gather(1, positions[..., None].expand(-1, -1, g.shape[-1]))
+
+    def prefill(self, st, ids, lengths, out) -> None:
+        super().prefill(st, ids, lengths, out)
+        positions = torch.arange(ids.shape[1], device=ids.device).expand(ids.shape[0], -1)
+        self.dstate.append(out.layer_hidden, self._mtp_features(positions), positions)
+
+    def propose_stages(self, st) -> list[Stage]:
+        inj, d = self.injection, self.dstate
+
+        def t1_fusion():
+            h = self.mtp_state.h if self.mtp_state is not None else None
+            t1 = None
+            if inj.uses_mtp:
+                t1, q = pick_tokens(self.mtp_state.logits(h), st)
+                self.t1.copy_(t1)
+                if self.q_t1 is not None:
+                    self.q_t1.copy_(q)
+            d.build(st.anchor, t1, h)
+
+        def draft():
+            tok, q = pick_tokens(d.draft_logits(st.target_lengths()), st)
+            if inj.uses_mtp:
+                st.candidates[:, :1].copy_(self.t1[:, None])
+                st.candidates[:, 1:].copy_(tok)
+                if st.q is not None:
+                    st.q[:, :1].copy_(self.q_t1[:, None])
+                    st.q[:, 1:].copy_(q)
+            else:
+                st.candidates.copy_(tok)
+                if st.q is not None:
+                    st.q.copy_(q)
+
+        return [("t1_fusion", t1_fusion), ("drafter", draft)]
+
+    def advance_stages(self, st) -> list[Stage]:
+        d = self.dstate
+
+        def append():
+            positions = st.a_prev[:, None] + self.offsets
+            d.append(st.f_verify, self._mtp_features(positions), positions)
+
+        return super().advance_stages(st) + [("drafter", append)]
+
+
+class ScriptedProposer(Proposer):
+    """Proposes each request's given continuation (e.g. the target's own greedy output computed
+    beforehand): candidate i of a round is continuation[out_len + i]. With `corrupt_at = j` (1-based)
+    candidate j is replaced by a different token, so greedy verification accepts exactly j - 1
+    candidates per round (fewer only where the budget or EOS cuts the round). With
+    `reject_first_rounds = N` every candidate of the first N rounds is wrong (rollback tests)."""
+
+    def __init__(self, continuations: Sequence[Sequence[int]], num_candidates: int = BLOCK_CANDIDATES,
+                 corrupt_at: int | None = None, vocab_size: int | None = None, name: str = "scripted",
+                 reject_first_rounds: int = 0):
+        if corrupt_at is not None and not 1 <= corrupt_at <= num_candidates:
+            raise ValueError(f"corrupt_at must be in 1..{num_candidates}")
+        self.continuations = [list(c) for c in continuations]
+        self.num_candidates = num_candidates
+        self.corrupt_at = corrupt_at
+        self.reject_first_rounds = reject_first_rounds  # rounds whose candidates are all wrong
+        self.vocab_size = vocab_size
+        self.name = name
+
+    def allocate(self, st) -> None:
+        width = max(len(c) for c in self.continuations) + st.width + 1
+        self.ref = torch.zeros(st.batch, width, dtype=torch.long, device=st.device)
+        self.offsets = torch.arange(self.num_candidates, device=st.device)
+        self.vocab = self.vocab_size or st.vocab_size
+
+    def prefill(self, st, ids, lengths, out) -> None:
+        self.ref.zero_()
+        for row, rid in enumerate(st.request_ids):
+            c = self.continuations[rid]
+            if c:
+                self.ref[row, :len(c)] = torch.tensor(c, device=self.ref.device)
+
+    def propose_stages(self, st) -> list[Stage]:
+        def propose():
+            idx = (st.out_len[:, None] + self.offsets).clamp(max=self.ref.shape[1] - 1)
+            cand = self.ref.gather(1, idx)
+            if self.corrupt_at is not None:
+                j = self.corrupt_at - 1
+                cand[:, j] = (cand[:, j] + 1) % self.vocab
+            if self.reject_first_rounds:
+                cand = torch.where(st.round_idx < self.reject_first_rounds, (cand + 1) % self.vocab, cand)
+            st.candidates.copy_(cand)
+            if st.q is not None:  # a point mass on each proposal
+                st.q.zero_().scatter_(2, cand[..., None], 1.0)
+
+        return [("drafter", propose)]
+
+
+__all__ = ["Proposer", "ARProposer", "MTPChainProposer", "DrafterProposer", "ScriptedProposer", "MTPState",
+           "DrafterState", "pick_tokens"]

@@ -1,0 +1,298 @@
+"""Decode a prompt set with every method through the one loop: `python -m dmtp.infer` (Hydra; conf/infer.yaml).
+
+With no arguments: the embedded tiny target, the newest drafter trained in this directory
+(`outputs/**/drafter` or `logs/**/drafter`), the embedded held-out prompts of each domain, methods
+ar / mtp415 / drafter. Prints a table and writes `metrics.json` to the run directory.
+
+    python -m dmtp.infer drafter=outputs/train/runs/<run>/drafter batch_size=8 max_new_tokens=128
+    python -m dmtp.infer methods=[ar,drafter] temperature=0.7 top_p=0.9
+    python -m dmtp.infer target.path=/models/Qwen3-8B drafter=/models/dflash eval.name=gsm8k eval.path=/data/gsm8k
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import hydra
+import torch
+
+from dmtp.decode.loop import SamplingConfig, SpecDecoder, build_proposer
+from dmtp.decode.metrics import format_table
+
+NO_DRAFTER_MESSAGE = ("[dmtp] no trained drafter found under ./outputs or ./logs; train one first: "
+                      "python -m dmtp.train injection=dual_anchor_zero_init  (or pass drafter=<dir>)")
+
+
+# ---------------------------------------------------------------------------------------------------
+# inputs
+# ---------------------------------------------------------------------------------------------------
+
+def resolve_device(name: str) -> torch.device:
+    if name in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if name not in table:
+        raise ValueError(f"unknown dtype {name!r}; choose from {', '.join(table)}")
+    return table[name]
+
+
+def find_latest_drafter(roots=("outputs", "logs"), base: str | Path | None = None) -> Path | None:
+    """The newest `<root>/**/drafter/config.json` (by modification time) under the working directory."""
+    base = Path(base or Path.cwd())
+    found = []
+    for root in roots:
+        r = base / root
+        if r.is_dir():
+            found.extend(p for p in r.glob("**/drafter/config.json") if (p.parent / "model.safetensors").exists())
+    if not found:
+        return None
+    return max(found, key=lambda p: p.stat().st_mtime).parent
+
+
+def embedded_prompts(tokenizer, domains, num_prompts: int, prompt_tokens: int) -> dict[str, list[list[int]]]:
+    """Held-out prompts: the first `prompt_tokens` tokens of the first `num_prompts` test documents of
+    each domain."""
+    from dmtp.data.corpora import documents
+
+    out = {}
+    for domain in domains:
+        prompts = []
+        for doc in documents(domain, "test"):
+            ids = tokenizer(doc.text[: 16 * prompt_tokens], add_special_tokens=False)["input_ids"][:prompt_tokens]
+            if len(ids) >= min(8, prompt_tokens):
+                prompts.append(ids)
+            if len(prompts) >= num_prompts:
+                break
+        out[domain] = prompts
+    return out
+
+
+def eval_set_prompts(tokenizer, name: str, path: str, num_prompts: int) -> tuple[list, dict[str, list[list[int]]]]:
+    from dmtp.data.evalsets import build_turn_prompts, load_eval_set
+
+    if not path:
+        raise ValueError(f"eval.name={name} needs eval.path (a local file or directory)")
+    requests = load_eval_set(name, path, limit=num_prompts)
+    return requests, {name: [build_turn_prompts(tokenizer, r, [], use_raw_prompt=True) for r in requests]}
+
+
+# ---------------------------------------------------------------------------------------------------
+# methods
+# ---------------------------------------------------------------------------------------------------
+
+def load_drafter_for(target, path, dtype, device, injection: str | None = None):
+    from dmtp.injection.io import load_dmtp_drafter, variant_name
+
+    drafter, inj, meta = load_dmtp_drafter(path, dtype=dtype, injection=injection)
+    c = drafter.config
+    if c.hidden_size != target.hidden_size or c.vocab_size != target.config.vocab_size \
+            or c.num_target_layers != target.num_layers:
+        raise ValueError(f"drafter {path} was built for a different target (hidden {c.hidden_size}, vocab {c.vocab_size}, "
+                         f"{c.num_target_layers} layers) than {target.path} (hidden {target.hidden_size}, "
+                         f"vocab {target.config.vocab_size}, {target.num_layers} layers)")
+    return drafter.to(device).eval(), inj.to(device).eval(), variant_name(inj)
+
+
+def method_needs_mtp(method: str, injection=None) -> bool:
+    if method.startswith("mtp"):
+        return True
+    return method == "drafter" and injection is not None and (injection.uses_mtp or injection.needs_mtp_context)
+
+
+def decode_workloads(decoders: dict[str, SpecDecoder], workloads: dict[str, list[list[int]]], *, max_new_tokens: int,
+                     sampling: SamplingConfig, batch_size: int, seed: int = 0, warmup: bool = True,
+                     progress: bool = False) -> dict:
+    """Run every decoder on every workload. Returns {"workloads": {wl: {method: summary}},
+    "overall": {method: summary}, "results": {(wl, method): DecodeResult}}."""
+    per_wl: dict[str, dict] = {}
+    results = {}
+    for name, dec in decoders.items():
+        if warmup:
+            first = next(iter(workloads.values()))
+            graphs = dec.use_graphs
+            dec.generate(first[:batch_size], max_new_tokens=max_new_tokens if graphs else min(8, max_new_tokens),
+                         sampling=sampling, batch_size=batch_size, seed=seed)
+        for wl, prompts in workloads.items():
+            res = dec.generate(prompts, max_new_tokens=max_new_tokens, sampling=sampling, batch_size=batch_size,
+                               seed=seed, progress=progress)
+            results[(wl, name)] = res
+            per_wl.setdefault(wl, {})[name] = res.summary()
+    overall = {}
+    for name in decoders:
+        merged = _merge([results[(wl, name)] for wl in workloads])
+        overall[name] = merged
+    return {"workloads": per_wl, "overall": overall, "results": results}
+
+
+def _merge(results) -> dict:
+    """One summary over several workloads' results (acceptance pooled over requests, times summed)."""
+    from dmtp.decode.loop import DecodeResult
+
+    first = results[0]
+    stage_tot: dict[str, float] = {}
+    rounds = 0
+    for r in results:
+        for k, v in r.stage_ms.items():
+            stage_tot[k] = stage_tot.get(k, 0.0) + v * r.counted_rounds
+        rounds += r.counted_rounds
+    merged = DecodeResult(first.method, first.num_candidates, [t for r in results for t in r.tokens],
+                          [a for r in results for a in r.accepted], [a for r in results for a in r.accepted_raw],
+                          [p for r in results for p in r.prompt_lengths], sum(r.wall_s for r in results),
+                          sum(r.prefill_s for r in results), [t for r in results for t in r.ttft_s],
+                          {k: v / rounds for k, v in stage_tot.items()} if rounds else {}, rounds,
+                          sum(r.batches for r in results), first.sampling, dict(first.extra))
+    return merged.summary()
+
+
+def add_comparisons(metrics: dict, baseline: str = "ar", greedy: bool = True) -> None:
+    """Speedups against the AR baseline and (greedy) whether every method reproduced its output."""
+    results = metrics["results"]
+    workloads = list(metrics["workloads"])
+    for scope in [*(("wl", wl) for wl in workloads), ("overall", None)]:
+        table = metrics["workloads"][scope[1]] if scope[0] == "wl" else metrics["overall"]
+        base = table.get(baseline)
+        for name, s in table.items():
+            if base and base.get("tokens_per_s"):
+                s["speedup_vs_ar"] = s["tokens_per_s"] / base["tokens_per_s"]
+            if greedy and baseline in {m for (_, m) in results}:
+                wls = workloads if scope[0] == "overall" else [scope[1]]
+                same = total = 0
+                for wl in wls:
+                    ref = results[(wl, baseline)].tokens
+                    mine = results[(wl, name)].tokens
+                    same += sum(a == b for a, b in zip(ref, mine))
+                    total += len(ref)
+                s["matches_ar"] = same / total if total else None
+
+
+TABLE_COLUMNS = ["workload", "method", "tau", "tau_verify", "t1_accept", "tok/s", "speedup", "ttft_ms",
+                 "ms/round", "matches_ar"]
+
+
+def table_rows(metrics: dict) -> list[dict]:
+    rows = []
+    scopes = [(wl, t) for wl, t in metrics["workloads"].items()]
+    if len(scopes) > 1:
+        scopes.append(("all", metrics["overall"]))
+    for wl, table in scopes:
+        for name, s in table.items():
+            rows.append({"workload": wl, "method": name, "tau": s["tau_per_request"], "tau_verify": s["tau_per_verify"],
+                         "t1_accept": s["t1_accept"], "tok/s": s["tokens_per_s"], "speedup": s.get("speedup_vs_ar"),
+                         "ttft_ms": s["ttft_ms"], "ms/round": s["stage_ms_per_round"].get("round"),
+                         "matches_ar": s.get("matches_ar")})
+    return rows
+
+
+def stage_table(metrics: dict) -> str:
+    stages = ["mtp", "t1_fusion", "drafter", "verify", "round"]
+    rows = [{"method": name, **{k: s["stage_ms_per_round"].get(k) for k in stages}}
+            for name, s in metrics["overall"].items()]
+    return format_table(rows, ["method", *stages], float_digits=3, title="per-stage ms per round (after warm-up rounds)")
+
+
+def report(metrics: dict) -> str:
+    parts = [format_table(table_rows(metrics), TABLE_COLUMNS, title="acceptance length (tau) and throughput"),
+             "", stage_table(metrics)]
+    for name, s in metrics["overall"].items():
+        if s.get("p_len_ge"):
+            parts.append(f"{name}: P(L>=k) k=1..{len(s['p_len_ge'])} = "
+                         + ", ".join("-" if v is None else f"{v:.3f}" for v in s["p_len_ge"]))
+    return "\n".join(parts)
+
+
+def jsonable(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if k != "results"}
+
+
+# ---------------------------------------------------------------------------------------------------
+# the command
+# ---------------------------------------------------------------------------------------------------
+
+def run(cfg) -> dict:
+    from dmtp.models.mtp_loading import MTPLoadError, load_native_mtp
+    from dmtp.models.target import TargetModel, load_tokenizer
+
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    methods = list(cfg.methods)
+    drafter_dir = None
+    if "drafter" in methods:
+        drafter_dir = Path(cfg.drafter) if cfg.drafter else find_latest_drafter()
+        if drafter_dir is None:
+            print(NO_DRAFTER_MESSAGE)
+            sys.exit(1)
+
+    if cfg.target.path:
+        target_path = cfg.target.path
+    else:
+        from dmtp.tiny.build import ensure_tiny_target
+
+        target_path = str(ensure_tiny_target(cfg.target.preset, progress=True))
+    target = TargetModel.from_pretrained(target_path, dtype=dtype, device=device,
+                                         trust_remote_code=cfg.target.get("trust_remote_code", False))
+    tokenizer = load_tokenizer(target_path, trust_remote_code=cfg.target.get("trust_remote_code", False))
+
+    drafter = injection = variant = None
+    if drafter_dir is not None:
+        drafter, injection, variant = load_drafter_for(target, drafter_dir, dtype, device, cfg.get("injection"))
+    mtp = None
+    if any(method_needs_mtp(m, injection) for m in methods):
+        try:
+            mtp = load_native_mtp(target_path, target.embed_tokens, target.lm_head)
+        except (MTPLoadError, FileNotFoundError) as e:
+            dropped = [m for m in methods if method_needs_mtp(m, injection)]
+            print(f"[dmtp] skipping {', '.join(dropped)}: {e}")
+            methods = [m for m in methods if m not in dropped]
+
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else target.config.eos_token_id
+    decoders = {}
+    for m in methods:
+        label = variant if m == "drafter" else m
+        proposer = build_proposer(m, target, mtp=mtp, drafter=drafter, injection=injection,
+                                  mtp_steps=cfg.mtp_steps, name=label)
+        decoders[label] = SpecDecoder(target, proposer, eos_token_id=eos, runner=cfg.runner, attention=cfg.attention,
+                                      cuda_graphs=cfg.cuda_graphs, warmup_rounds=cfg.warmup_rounds)
+
+    if cfg.eval.name == "embedded":
+        workloads = embedded_prompts(tokenizer, list(cfg.eval.domains), cfg.num_prompts, cfg.eval.prompt_tokens)
+    else:
+        _, workloads = eval_set_prompts(tokenizer, cfg.eval.name, cfg.eval.path, cfg.num_prompts)
+    sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                              verification=cfg.verification)
+    metrics = decode_workloads(decoders, workloads, max_new_tokens=cfg.max_new_tokens, sampling=sampling,
+                               batch_size=cfg.batch_size, seed=cfg.seed, warmup=cfg.warmup, progress=cfg.progress)
+    add_comparisons(metrics, greedy=sampling.greedy)
+    first = next(iter(decoders.values())) if decoders else None
+    metrics["run"] = {
+        "target": target_path, "drafter": str(drafter_dir) if drafter_dir else None, "injection": variant,
+        "methods": list(decoders), "device": str(device), "dtype": str(dtype).replace("torch.", ""),
+        "batch_size": cfg.batch_size, "max_new_tokens": cfg.max_new_tokens, "eval": cfg.eval.name,
+        "num_prompts": {wl: len(p) for wl, p in workloads.items()},
+        "cuda_graphs": bool(first and first.use_graphs), "runner": first.runner.kind if first else None,
+        "attention": getattr(first.runner, "attention", None) if first else None,
+    }
+    text = report(metrics)
+    print(text)
+    out_dir = Path(cfg.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "metrics.json").write_text(json.dumps(jsonable(metrics), indent=2) + "\n")
+    (out_dir / "table.txt").write_text(text + "\n")
+    print(f"[dmtp] metrics written to {out_dir / 'metrics.json'}")
+    return metrics
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="infer")
+def main(cfg) -> None:
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""Build a fresh DFlash drafter sized to a target (Hydra: conf/drafter/*.yaml, instantiated partially)."""
+from __future__ import annotations
+
+from dmtp.models.drafter import DFlashConfig, DFlashDrafter, build_target_layer_ids
+
+
+def mask_token_id_of(tokenizer, vocab_size: int) -> int:
+    """The tokenizer's mask token, else the first unused embedding row (the SpecForge order)."""
+    if getattr(tokenizer, "mask_token_id", None) is not None:
+        return int(tokenizer.mask_token_id)
+    if len(tokenizer) < vocab_size:
+        return len(tokenizer)
+    raise ValueError("the target has no mask token and no unused embedding row; set drafter.mask_token_id")
+
+
+def build_drafter(target, context_dim: int, mask_token_id: int, num_layers: int = 1,
+                  target_layer_ids: list[int] | None = None, num_target_features: int | None = None,
+                  block_size: int = 8, layer_types: list[str] | None = None, sliding_window: int | None = None,
+                  is_causal: bool | None = None, intermediate_size: int | None = None) -> DFlashDrafter:
+    """Same width and heads as the target (its embedding and LM head are reused); `num_layers` deep."""
+    cfg = target.config
+    n_target = cfg.num_hidden_layers
+    if target_layer_ids is None:
+        target_layer_ids = build_target_layer_ids(n_target, num_target_features or min(5, max(1, n_target - 3)))
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    config = DFlashConfig(
+        hidden_size=cfg.hidden_size, intermediate_size=intermediate_size or cfg.intermediate_size,
+        num_hidden_layers=num_layers, num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads, head_dim=head_dim, vocab_size=cfg.vocab_size,
+        num_target_layers=n_target, target_layer_ids=list(target_layer_ids), mask_token_id=mask_token_id,
+        block_size=block_size, context_dim=context_dim, rms_norm_eps=cfg.rms_norm_eps,
+        rope_theta=float(rope.get("rope_theta", getattr(cfg, "rope_theta", 1e6))),
+        max_position_embeddings=cfg.max_position_embeddings, layer_types=layer_types,
+        sliding_window=sliding_window, is_causal=is_causal)
+    return DFlashDrafter(config)

@@ -1,0 +1,108 @@
+"""Train a drafter: `python -m dmtp.train injection=<variant>` (Hydra; see conf/train.yaml).
+
+A flat recipe: target -> MTP -> injection -> drafter -> data -> module -> trainer -> fit -> export.
+Each component is built from its own config group only.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import hydra
+import lightning as L
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate as hydra_instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from dmtp.injection.io import load_dmtp_drafter, save_dmtp_drafter, variant_name
+from dmtp.models.drafter_factory import mask_token_id_of
+from dmtp.models.mtp_loading import MTPLoadError, load_native_mtp
+from dmtp.models.target import load_tokenizer
+
+
+def instantiate(node, *args, **kwargs):
+    """Hydra's instantiate, but a component's own error surfaces as itself (one clear line), not
+    wrapped in Hydra's multi-line InstantiationException."""
+    try:
+        return hydra_instantiate(node, *args, **kwargs)
+    except InstantiationException as e:
+        if e.__cause__ is not None:
+            raise e.__cause__ from None
+        raise
+
+
+def build_components(cfg: DictConfig):
+    """Everything `fit` needs, from the composed config (also used by tests and sweeps)."""
+    target = instantiate(cfg.target)
+    tokenizer = load_tokenizer(target.path)
+    mask_id = mask_token_id_of(tokenizer, target.config.vocab_size)
+    make_injection = instantiate(cfg.injection)
+    drafter_factory = instantiate(cfg.drafter)
+    if cfg.init_from:
+        drafter, _, _ = load_dmtp_drafter(cfg.init_from, injection="raw_dflash")
+        if drafter.config.hidden_size != target.hidden_size:
+            raise ValueError(f"init_from drafter hidden size {drafter.config.hidden_size} does not match the "
+                             f"target's {target.hidden_size}")
+        injection = make_injection(hidden_size=target.hidden_size,
+                                   num_target_features=len(drafter.config.target_layer_ids),
+                                   mask_token_id=drafter.config.mask_token_id)
+        if drafter.config.context_dim != injection.context_dim:
+            raise ValueError(f"init_from drafter has context width {drafter.config.context_dim}; "
+                             f"{variant_name(injection)} needs {injection.context_dim}")
+    else:
+        probe = drafter_factory(target=target, context_dim=1, mask_token_id=mask_id)  # resolves layer ids
+        injection = make_injection(hidden_size=target.hidden_size,
+                                   num_target_features=len(probe.config.target_layer_ids), mask_token_id=mask_id)
+        drafter = drafter_factory(target=target, context_dim=injection.context_dim, mask_token_id=mask_id)
+    if drafter.config.hidden_size != target.hidden_size:
+        raise ValueError(f"drafter hidden size {drafter.config.hidden_size} does not match the target's "
+                         f"{target.hidden_size}")
+    mtp = None
+    if injection.uses_mtp or injection.needs_mtp_context:
+        try:
+            mtp = load_native_mtp(target.path, target.embed_tokens, target.lm_head)
+        except MTPLoadError as e:
+            raise MTPLoadError(f"injection={variant_name(injection)} needs the target's MTP: {e}") from None
+    data = instantiate(cfg.data)(tokenizer=tokenizer, target=target)
+    module = instantiate(cfg.model)(target=target, mtp=mtp, drafter=drafter, injection=injection)
+    return target, tokenizer, data, module
+
+
+def _instantiate_dict(node) -> list:
+    return [instantiate(v) for v in (node or {}).values() if v is not None and "_target_" in v]
+
+
+def train(cfg: DictConfig) -> dict:
+    L.seed_everything(cfg.seed, workers=True)
+    output_dir = Path(cfg.paths.output_dir)
+    if cfg.ckpt_path and not Path(cfg.ckpt_path).is_file():
+        # Lightning would silently start from scratch on a missing "last" checkpoint.
+        raise FileNotFoundError(f"ckpt_path {cfg.ckpt_path} does not exist: nothing to resume")
+    target, tokenizer, data, module = build_components(cfg)
+    trainer = instantiate(cfg.trainer, callbacks=_instantiate_dict(cfg.get("callbacks")),
+                          logger=_instantiate_dict(cfg.get("logger")) or False)
+    trainer.fit(module, datamodule=data, ckpt_path=cfg.ckpt_path)
+
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+    summary = {"injection": variant_name(module.injection), "global_step": trainer.global_step,
+               "target": target.path, **metrics}
+    if trainer.is_global_zero and not trainer.fast_dev_run:
+        drafter_dir = output_dir / "drafter"
+        save_dmtp_drafter(drafter_dir, module.drafter, module.injection, target=target.path,
+                          train_config=OmegaConf.to_container(cfg, resolve=False))
+        summary["drafter"] = str(drafter_dir)
+        (output_dir / "train_metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"[dmtp] drafter ({summary['injection']}) exported to {drafter_dir}")
+        print(f"[dmtp] checkpoints in {output_dir / 'checkpoints'}; TensorBoard logs: tensorboard --logdir {output_dir}")
+        print(f"[dmtp] decode with it: python -m dmtp.infer drafter={drafter_dir}")
+    return summary
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    summary = train(cfg)
+    return summary.get("val/tau")
+
+
+if __name__ == "__main__":
+    main()

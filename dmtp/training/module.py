@@ -1,0 +1,160 @@
+"""The one LightningModule behind every variant: frozen target + MTP, trained drafter + injection.
+
+It knows the injection interface, never a variant's name. Per batch: teacher-forced target and MTP
+features, random anchors, every block's slots from the injection module, one drafter forward,
+position-decayed cross-entropy over the positions the drafter predicts (T1 is an input, not a label).
+"""
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+from dmtp.injection.base import Injection
+from dmtp.models.drafter import DFlashDrafter
+from dmtp.training.blocks import draft_blocks, predicted_positions, sample_anchors, teacher_features, valid_anchors
+from dmtp.training.validation import exact_acceptance
+
+FROZEN_PREFIXES = ("target.", "mtp.")
+
+
+def decay_weights(n: int, gamma: float, device=None) -> torch.Tensor:
+    """w_k = exp(-(k-1)/gamma), k = 1..n (gamma <= 0: no decay)."""
+    k = torch.arange(n, dtype=torch.float32, device=device)
+    return torch.exp(-k / gamma) if gamma and gamma > 0 else torch.ones(n, device=device)
+
+
+class DMTPModule(L.LightningModule):
+    def __init__(self, target, mtp, drafter: DFlashDrafter, injection: Injection, optimizer, scheduler=None,
+                 num_anchors: int = 32, loss_gamma: float = 4.0, label_source: str = "data",
+                 val_walk: bool = True):
+        super().__init__()
+        if label_source not in ("data", "target"):
+            raise ValueError(f"label_source must be 'data' or 'target', got {label_source!r}")
+        if injection.uses_mtp and mtp is None:
+            raise ValueError("this injection variant needs the target's MTP layer, but none was loaded")
+        if drafter.config.hidden_size != target.hidden_size:
+            raise ValueError(f"drafter hidden size {drafter.config.hidden_size} != target hidden size {target.hidden_size}")
+        if drafter.config.context_dim != injection.context_dim:
+            raise ValueError(f"drafter fc expects {drafter.config.context_dim} context features, "
+                             f"the injection variant builds {injection.context_dim}")
+        self.target, self.mtp = target, mtp
+        self.drafter, self.injection = drafter, injection
+        self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
+        self.num_anchors, self.loss_gamma, self.label_source = num_anchors, loss_gamma, label_source
+        self.val_walk = val_walk
+        self.layer_ids = list(drafter.config.target_layer_ids)
+        self.strict_loading = False  # checkpoints omit the frozen target and MTP
+        self._val_results: dict[str, list[dict]] = {}
+
+    # -- frozen parts stay frozen ---------------------------------------------------------------
+    def on_fit_start(self) -> None:
+        for frozen in (self.target, self.mtp):
+            if frozen is not None:
+                frozen.eval().requires_grad_(False)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        for frozen in (self.target, self.mtp):
+            if frozen is not None:
+                frozen.eval()
+        return self
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items()
+                                    if not k.startswith(FROZEN_PREFIXES)}
+
+    # -- the loss ---------------------------------------------------------------------------------
+    def block_loss(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, generator=None):
+        inj = self.injection
+        feats = teacher_features(self.target, self.mtp, inj, self.layer_ids, input_ids)
+        anchors, keep = sample_anchors(valid_anchors(inj, loss_mask), self.num_anchors, generator)
+        t1 = input_ids.gather(1, (anchors + 1).clamp(max=input_ids.shape[1] - 1)) if inj.uses_mtp else None
+        hidden = draft_blocks(self.drafter, inj, self.target.embed_tokens.weight, feats, anchors, keep, t1)
+        logits = self.drafter.logits(hidden, self.target.lm_head.weight).float()   # [B, N, n_pred, V]
+
+        t = input_ids.shape[1]
+        pos = predicted_positions(inj, anchors)
+        in_range = pos < t
+        pos_c = pos.clamp(max=t - 1)
+        if self.label_source == "data":
+            labels = input_ids.gather(1, pos_c.flatten(1)).view_as(pos)
+        else:  # the target's own greedy prediction of each position (distillation labels)
+            greedy = feats.target_logits.argmax(-1)
+            labels = greedy.gather(1, (pos_c - 1).clamp(min=0).flatten(1)).view_as(pos)
+        supervised = loss_mask.gather(1, pos_c.flatten(1)).view_as(pos).bool()
+        mask = keep[..., None] & in_range & supervised
+        weights = decay_weights(pos.shape[-1], self.loss_gamma, pos.device) * mask
+        ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view_as(weights)
+        loss = (ce * weights).sum() / weights.sum().clamp(min=1e-6)
+        correct = (logits.argmax(-1) == labels) & mask
+        acc = correct.flatten(0, 1).sum(0) / mask.flatten(0, 1).sum(0).clamp(min=1)
+        return loss, acc, mask.sum()
+
+    def training_step(self, batch, batch_idx):
+        loss, acc, n = self.block_loss(batch["input_ids"], batch["loss_mask"])
+        bs = batch["input_ids"].shape[0]
+        self.log("train/loss", loss, prog_bar=True, batch_size=bs)
+        first = self.injection.first_predicted_slot + self.injection.first_slot_offset
+        for k, a in enumerate(acc.tolist()):
+            self.log(f"train/acc_pos{first + k}", a, batch_size=bs)
+        self.log("train/blocks", n.float(), batch_size=bs, reduce_fx="sum")
+        return loss
+
+    # -- validation: teacher-forced loss + exact acceptance on the target's own continuations -------
+    def validation_step(self, batch, batch_idx, dataloader_idx: int = 0):
+        domain = batch["domain"][0] if isinstance(batch["domain"], list) else batch["domain"]
+        gen = torch.Generator(device=batch["input_ids"].device).manual_seed(1234 + batch_idx)
+        loss, acc, _ = self.block_loss(batch["input_ids"], batch["loss_mask"], generator=gen)
+        bs = batch["input_ids"].shape[0]
+        self.log(f"val/{domain}/loss", loss, batch_size=bs, add_dataloader_idx=False)
+        self.log(f"val/{domain}/acc_first", acc[0], batch_size=bs, add_dataloader_idx=False)
+        if self.val_walk:
+            result = exact_acceptance(self.target, self.mtp, self.drafter, self.injection, self.layer_ids,
+                                      batch["input_ids"], batch["prompt_len"], batch["length"])
+            self._val_results.setdefault(domain, []).append(result)
+
+    def on_validation_epoch_end(self) -> None:
+        taus = []
+        for domain, results in sorted(self._val_results.items()):
+            merged = {k: sum(r[k] for r in results) for k in ("walk_tokens", "walk_rounds", "anchor_tokens",
+                                                              "anchor_count")}
+            hist = torch.stack([r["hist"] for r in results]).sum(0)
+            tau = merged["walk_tokens"] / max(1, merged["walk_rounds"])
+            taus.append(tau)
+            self.log(f"val/{domain}/tau", tau, add_dataloader_idx=False)
+            self.log(f"val/{domain}/tau_all_anchors", merged["anchor_tokens"] / max(1, merged["anchor_count"]),
+                     add_dataloader_idx=False)
+            total = hist.sum().clamp(min=1)
+            self.log(f"val/{domain}/t1_accept", 1 - hist[0].item() / total.item(), add_dataloader_idx=False)
+            ge = hist.flip(0).cumsum(0).flip(0) / total
+            for k in range(1, len(hist)):
+                self.log(f"val/{domain}/P(L>={k})", ge[k].item(), add_dataloader_idx=False)
+        if taus:
+            self.log("val/tau", sum(taus) / len(taus), prog_bar=True)
+        self._val_results = {}
+
+    # -- optimisation -------------------------------------------------------------------------------
+    def configure_optimizers(self):
+        params = [p for p in list(self.drafter.parameters()) + list(self.injection.parameters()) if p.requires_grad]
+        optimizer = self.optimizer_factory(params=params)
+        if self.scheduler_factory is None:
+            return optimizer
+        total = self.trainer.estimated_stepping_batches
+        scheduler = self.scheduler_factory(optimizer=optimizer, total_steps=total)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def warmup_cosine(optimizer, total_steps: int, warmup_ratio: float = 0.04, min_ratio: float = 0.1):
+    """Linear warm-up, then cosine decay to `min_ratio` of the peak learning rate."""
+    warmup = max(1, int(total_steps * warmup_ratio))
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        frac = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * frac))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -1,0 +1,269 @@
+"""The one decoding loop: lossless greedy decoding for every method, stub proposers with known
+acceptance, KV rollback, and the loop's drafter/MTP state against a teacher-forced recomputation."""
+import pytest
+import torch
+
+from dmtp.data.corpora import documents
+from dmtp.decode import DrafterProposer, ScriptedProposer, SpecDecoder, build_proposer
+from dmtp.injection import VARIANTS
+from dmtp.injection.io import make_injection
+from dmtp.models.drafter import DFlashConfig, DFlashDrafter, build_target_layer_ids
+from dmtp.models.target import load_tokenizer
+
+MAX_NEW = 32
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(micro_target_dir):
+    return load_tokenizer(micro_target_dir)
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer):
+    """Held-out (test split) prompts of every domain, of different lengths."""
+    out = []
+    for domain in ("code", "prose", "math"):
+        for j, doc in enumerate(documents(domain, "test")[:3 if domain != "math" else 2]):
+            ids = tokenizer(doc.text[:400], add_special_tokens=False)["input_ids"]
+            out.append(ids[: 6 + 5 * j + len(out)])
+    return out
+
+
+def greedy_reference(target, prompt, n):
+    """The target's own greedy decoding, recomputed from scratch at every step (obviously exact)."""
+    seq = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            seq.append(int(target(torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(prompt):]
+
+
+@pytest.fixture(scope="module")
+def continuations(micro_target, prompts):
+    """Greedy continuations without EOS (MAX_NEW + 8 tokens, so scripted proposals never run out)."""
+    return [greedy_reference(micro_target, p, MAX_NEW + 8) for p in prompts]
+
+
+@pytest.fixture(scope="module")
+def eos_and_refs(continuations):
+    """A stop token that ends some requests early (at different points) while others hit the budget,
+    and the matching greedy references (cut after the first stop token)."""
+    best, best_score = None, None
+    for tok in {t for c in continuations for t in c[:MAX_NEW]}:
+        firsts = [c[:MAX_NEW].index(tok) for c in continuations if tok in c[:MAX_NEW]]
+        hits = len(firsts)
+        if 0 < hits < len(continuations):
+            score = (min(hits, len(continuations) - hits), len(set(firsts)))
+            if best_score is None or score > best_score:
+                best, best_score = tok, score
+    refs = []
+    for c in continuations:
+        c = c[:MAX_NEW]
+        refs.append(c[: c.index(best) + 1] if best in c else c)
+    return best, refs
+
+
+def make_drafter(target, name, seed=0, perturb=False):
+    cfg = target.config
+    torch.manual_seed(seed)
+    ids = build_target_layer_ids(cfg.num_hidden_layers, 1)
+    injection = make_injection(name, cfg.hidden_size, len(ids), 3)  # <|mask|> = 3 in the embedded tokenizer
+    dcfg = DFlashConfig(hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size, num_hidden_layers=1,
+                        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+                        head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, num_target_layers=cfg.num_hidden_layers,
+                        target_layer_ids=ids, mask_token_id=3, context_dim=injection.context_dim)
+    drafter = DFlashDrafter(dcfg).eval()
+    if perturb:  # make every injected path matter (zero-init fusion included)
+        with torch.no_grad():
+            for p in injection.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+    return drafter, injection.eval()
+
+
+def test_mask_token_id(tokenizer):
+    assert tokenizer.convert_tokens_to_ids("<|mask|>") == 3
+
+
+def _decoder(target, mtp, method, eos):
+    if method in VARIANTS:
+        drafter, injection = make_drafter(target, method)
+        proposer = build_proposer("drafter", target, mtp=mtp, drafter=drafter, injection=injection, name=method)
+    else:
+        proposer = build_proposer(method, target, mtp=mtp)
+    return SpecDecoder(target, proposer, eos_token_id=eos)
+
+
+LOSSLESS_CASES = (
+    [("ar", b) for b in (1, 2, 4, 8)] + [("mtp415", b) for b in (1, 2, 4, 8)]
+    + [(v, 4) for v in VARIANTS]
+    + [(v, b) for v in ("raw_dflash", "dual_anchor_zero_init", "context_fusion") for b in (1, 2, 8)]
+)
+
+
+@pytest.mark.parametrize("method,batch", LOSSLESS_CASES)
+def test_greedy_is_lossless(micro_target, micro_mtp, prompts, eos_and_refs, method, batch):
+    eos, refs = eos_and_refs
+    dec = _decoder(micro_target, micro_mtp, method, eos)
+    res = dec.generate(prompts, max_new_tokens=MAX_NEW, batch_size=batch)
+    assert res.tokens == refs
+    ends = {"eos": sum(r[-1] == eos for r in refs), "budget": sum(len(r) == MAX_NEW for r in refs)}
+    assert ends["eos"] > 0 and ends["budget"] > 0
+    k = dec.num_candidates
+    for toks, acc in zip(res.tokens, res.accepted):
+        assert all(0 <= a <= k for a in acc)
+        assert 1 + sum(a + 1 for a in acc) == len(toks)  # the prefill token + every committed round
+    if method == "mtp415":
+        assert any(a > 0 for acc in res.accepted for a in acc)
+
+
+def test_recompute_runner_is_lossless(micro_target, micro_mtp, prompts, eos_and_refs):
+    eos, refs = eos_and_refs
+    drafter, injection = make_drafter(micro_target, "dual_anchor_zero_init")
+    proposer = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter, injection=injection)
+    dec = SpecDecoder(micro_target, proposer, eos_token_id=eos, runner="recompute")
+    assert dec.runner.kind == "recompute"
+    assert dec.generate(prompts[:4], max_new_tokens=MAX_NEW, batch_size=2).tokens == refs[:4]
+
+
+# -- stub proposers with known acceptance ---------------------------------------------------------------
+
+def _scripted(target, continuations, **kw):
+    proposer = ScriptedProposer(continuations, vocab_size=target.config.vocab_size, **kw)
+    return SpecDecoder(target, proposer, eos_token_id=[])
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_always_accept_emits_eight_per_round(micro_target, prompts, continuations, batch):
+    n = 1 + 8 * 4
+    res = _scripted(micro_target, continuations).generate(prompts, max_new_tokens=n, batch_size=batch)
+    assert res.tokens == [c[:n] for c in continuations]
+    assert res.accepted == [[7, 7, 7, 7]] * len(prompts)
+    s = res.summary()
+    assert s["tau_per_verify"] == 8.0 and s["tau_per_request"] == 8.0 and s["t1_accept"] == 1.0
+    assert s["accept_hist"] == [0] * 7 + [4 * len(prompts)]
+    assert s["p_len_ge"] == [1.0] * 7
+
+
+def test_never_accept_emits_one_per_round(micro_target, prompts, continuations):
+    res = _scripted(micro_target, continuations, corrupt_at=1).generate(prompts, max_new_tokens=20, batch_size=4)
+    assert res.tokens == [c[:20] for c in continuations]
+    assert res.accepted == [[0] * 19] * len(prompts)
+    s = res.summary()
+    assert s["tau_per_verify"] == 1.0 and s["t1_accept"] == 0.0
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_accepts_exactly_k(micro_target, prompts, continuations, k):
+    n = MAX_NEW
+    res = _scripted(micro_target, continuations, corrupt_at=k + 1).generate(prompts, max_new_tokens=n, batch_size=4)
+    assert res.tokens == [c[:n] for c in continuations]
+    for acc in res.accepted:
+        assert acc[:-1] == [k] * (len(acc) - 1)
+        assert acc[-1] == min(k, n - 1 - (k + 1) * (len(acc) - 1) - 1)
+    hist = res.summary()["accept_hist"]
+    assert hist[k] == sum(len(a) - 1 for a in res.accepted) + sum(a[-1] == k for a in res.accepted)
+
+
+def test_kv_rollback_after_rejected_rounds(micro_target, prompts, continuations):
+    """Every candidate of the first 6 rounds is wrong (their K/V rows are written, then rolled back
+    by not advancing); afterwards the proposals are right. The output stays exact."""
+    n = 6 + 1 + 8 * 3
+    res = _scripted(micro_target, continuations, reject_first_rounds=6).generate(prompts, max_new_tokens=n, batch_size=4)
+    assert res.tokens == [c[:n] for c in continuations]
+    assert res.accepted == [[0] * 6 + [7, 7, 7]] * len(prompts)
+
+
+def test_finished_requests_stop_advancing(micro_target, prompts, continuations):
+    """Requests that end at different rounds (EOS at different places) in one batch."""
+    eos = continuations[0][3]  # request 0 stops after 4 tokens; others whenever this token appears
+    refs = [c[: c[:MAX_NEW].index(eos) + 1] if eos in c[:MAX_NEW] else c[:MAX_NEW] for c in continuations]
+    dec = SpecDecoder(micro_target, ScriptedProposer(continuations, vocab_size=micro_target.config.vocab_size),
+                      eos_token_id=eos)
+    res = dec.generate(prompts, max_new_tokens=MAX_NEW, batch_size=len(prompts))
+    assert res.tokens == refs
+    assert len(res.accepted[0]) == 1 and res.accepted[0] == [2]
+
+
+# -- the loop's incremental state == a teacher-forced recomputation -------------------------------------
+
+class _Recording(DrafterProposer):
+    def propose_stages(self, st):
+        stages = super().propose_stages(st)
+        inner = self.dstate.draft_logits
+        self.log = getattr(self, "log", [])
+
+        def draft_logits(anchor_pos):
+            logits = inner(anchor_pos)
+            self.log.append((anchor_pos.clone(), self.t1.clone(), logits.clone(), st.done.clone()))
+            return logits
+
+        self.dstate.draft_logits = draft_logits
+        return stages
+
+
+def _teacher_forced_logits(target, mtp, drafter, injection, seq, a):
+    """Drafter logits at anchor a from one teacher-forced pass over the final sequence."""
+    ids = torch.tensor([seq])
+    layer_ids = drafter.config.target_layer_ids
+    out = target(ids, layer_ids=layer_ids)
+    g = mtp.forward_teacher(ids, out.last_hidden)
+    ctx = injection.context_features(out.layer_hidden, g)
+    ctx_pos = torch.arange(len(seq))[None]
+    ctx_kv = drafter.context_kv(drafter.project_context(ctx), ctx_pos)
+    h = g[:, a]
+    t1 = mtp.logits(h).argmax(-1) if injection.uses_mtp else None
+    embed = lambda x: drafter.embed_noise(x, target.embed_tokens.weight)  # noqa: E731
+    slots = injection.build_slots(embed, ids[:, a], t1, h if injection.uses_mtp else None)
+    positions = injection.slot_positions(torch.tensor([a]))
+    limit = torch.full_like(positions, a)
+    hidden = drafter(slots, positions, ctx_kv, ctx_pos, limit, torch.zeros_like(positions))
+    logits = drafter.logits(hidden[:, injection.first_predicted_slot:], target.lm_head.weight)
+    return t1, logits[0]
+
+
+@pytest.mark.parametrize("name", ["dual_anchor_zero_init", "context_fusion", "mtp_context_only", "raw_dflash"])
+def test_drafter_state_matches_teacher_forcing(micro_target, micro_mtp, prompts, name):
+    drafter, injection = make_drafter(micro_target, name, perturb=True)
+    proposer = _Recording(drafter, injection, micro_target.embed_tokens.weight, micro_target.lm_head.weight,
+                          mtp=micro_mtp)
+    dec = SpecDecoder(micro_target, proposer, eos_token_id=[])
+    batch = [prompts[0], prompts[4], prompts[7]]
+    res = dec.generate(batch, max_new_tokens=20, batch_size=3)
+    checked = 0
+    with torch.no_grad():
+        for anchor_pos, t1, logits, done in proposer.log[::3]:
+            for b, p in enumerate(batch):
+                if done[b]:
+                    continue
+                seq = p + res.tokens[b]
+                a = int(anchor_pos[b])
+                tf_t1, tf_logits = _teacher_forced_logits(micro_target, micro_mtp, drafter, injection, seq, a)
+                if tf_t1 is not None:
+                    assert int(t1[b]) == int(tf_t1)
+                torch.testing.assert_close(logits[b], tf_logits, atol=1e-4, rtol=1e-4)
+                checked += 1
+    assert checked >= 6
+
+
+def test_mtp_chain_first_candidate_matches_teacher_forcing(micro_target, micro_mtp, prompts):
+    """Round r accepts T1 iff the teacher-forced MTP prediction at its anchor equals the next token."""
+    dec = SpecDecoder(micro_target, build_proposer("mtp415", micro_target, mtp=micro_mtp), eos_token_id=[])
+    res = dec.generate(prompts, max_new_tokens=24, batch_size=4)
+    with torch.no_grad():
+        for p, toks, acc in zip(prompts, res.tokens, res.accepted):
+            ids = torch.tensor([p + toks])
+            g = micro_mtp.forward_teacher(ids, micro_target(ids).last_hidden)
+            t1 = micro_mtp.logits(g).argmax(-1)[0]
+            a = len(p)
+            for k in acc:
+                if a + 1 < ids.shape[1] and k < 24:
+                    assert (k > 0) == bool(t1[a] == ids[0, a + 1])
+                a += k + 1
