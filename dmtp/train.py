@@ -68,6 +68,18 @@ def build_components(cfg: DictConfig):
     return target, tokenizer, data, module
 
 
+def flat_metrics(cfg: DictConfig, summary: dict) -> dict:
+    """One flat record per job for sweep aggregation: identity + exact walk acceptance per domain."""
+    out = {"method": summary["injection"], "injection": summary["injection"], "seed": cfg.seed,
+           "global_step": summary["global_step"]}
+    for key, value in summary.items():
+        if key.startswith("val/") and key.count("/") == 2:
+            _, domain, name = key.split("/")
+            name = {"P(L>=" + str(k) + ")": f"p_len_ge_{k}" for k in range(1, 8)}.get(name, name)
+            out[f"walk/{domain}/{name}"] = value
+    return out
+
+
 def _instantiate_dict(node) -> list:
     return [instantiate(v) for v in (node or {}).values() if v is not None and "_target_" in v]
 
@@ -92,6 +104,7 @@ def train(cfg: DictConfig) -> dict:
                           train_config=OmegaConf.to_container(cfg, resolve=False))
         summary["drafter"] = str(drafter_dir)
         (output_dir / "train_metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (output_dir / "metrics.json").write_text(json.dumps(flat_metrics(cfg, summary), indent=2) + "\n")
         print(f"[dmtp] drafter ({summary['injection']}) exported to {drafter_dir}")
         print(f"[dmtp] checkpoints in {output_dir / 'checkpoints'}; TensorBoard logs: tensorboard --logdir {output_dir}")
         print(f"[dmtp] decode with it: python -m dmtp.infer drafter={drafter_dir}")

@@ -38,12 +38,15 @@ def prompts(tokenizer):
 
 
 def greedy_reference(target, prompt, n):
-    """The target's own greedy decoding, recomputed from scratch at every step (obviously exact)."""
-    seq = list(prompt)
+    """The target's own greedy decoding: transformers' forward with its own KV cache, one token a step."""
+    out_ids = []
     with torch.no_grad():
+        out = target.hf(input_ids=torch.tensor([prompt]), use_cache=True)
         for _ in range(n):
-            seq.append(int(target(torch.tensor([seq])).logits[0, -1].argmax()))
-    return seq[len(prompt):]
+            nxt = int(out.logits[0, -1].argmax())
+            out_ids.append(nxt)
+            out = target.hf(input_ids=torch.tensor([[nxt]]), cache=out.past_key_values, use_cache=True)
+    return out_ids
 
 
 @pytest.fixture(scope="module")
@@ -263,7 +266,6 @@ def test_mtp_chain_first_candidate_matches_teacher_forcing(micro_target, micro_m
             g = micro_mtp.forward_teacher(ids, micro_target(ids).last_hidden)
             t1 = micro_mtp.logits(g).argmax(-1)[0]
             a = len(p)
-            for k in acc:
-                if a + 1 < ids.shape[1] and k < 24:
-                    assert (k > 0) == bool(t1[a] == ids[0, a + 1])
+            for k in acc[:-1]:  # the last round may be cut by the budget
+                assert (k > 0) == bool(t1[a] == ids[0, a + 1])
                 a += k + 1

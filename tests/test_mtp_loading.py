@@ -444,6 +444,18 @@ def check_incremental(mtp, ids, hidden, vocab: int = V):
     assert seen[:, 1:].all()
 
 
+def check_sync_free_experts(mtp, experts, embed):
+    ids, hidden = target_inputs(embed, seed=4)
+    with torch.no_grad():
+        sparse = mtp.forward_teacher(ids, hidden)
+        experts.sync_free = True
+        try:
+            dense = mtp.forward_teacher(ids, hidden)
+        finally:
+            del experts.sync_free
+    torch.testing.assert_close(dense, sparse, atol=1e-5, rtol=1e-5)
+
+
 def target_inputs(embed, seed=2):
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, V, (2, T), generator=gen)
@@ -501,6 +513,14 @@ def test_qwen_incremental_equals_teacher(qwen_case):
         check_incremental(qwen_case["mtp"], ids, hidden)
 
 
+def test_qwen_sync_free_experts_match(qwen_case):
+    mlp = qwen_case["mtp"].layers[0].mlp
+    if not hasattr(mlp, "experts"):
+        assert qwen_case["text"].get("num_experts") is None     # the dense case has no experts
+        return
+    check_sync_free_experts(qwen_case["mtp"], mlp.experts, qwen_case["embed"])
+
+
 def test_qwen_bf16_load_keeps_fp32_rope(qwen_case):
     embed = nn.Embedding.from_pretrained(qwen_case["embed"].weight.to(torch.bfloat16))
     mtp = load_native_mtp(qwen_case["root"], embed, qwen_case["head"].to(torch.bfloat16))
@@ -512,6 +532,8 @@ def test_qwen_bf16_load_keeps_fp32_rope(qwen_case):
         g32 = qwen_case["mtp"].forward_teacher(ids, hidden)
     assert g.dtype == torch.bfloat16 and torch.isfinite(g).all()
     assert (g.float() - g32).abs().max() < 0.1
+    mtp.to(torch.device("meta"))        # the frequencies follow device moves, still fp32
+    assert mtp.layers[0].inv_freq.device.type == "meta" and mtp.layers[0].inv_freq.dtype == torch.float32
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -551,10 +573,16 @@ def test_deepseek_family_loads_strictly_with_full_key_coverage(ds_case):
         assert torch.equal(state[name], value.float()), name
 
 
-def test_deepseek_fp8_weights_dequantised(ds_case):
-    if ds_case["family"] != "deepseek_v3":
-        pytest.skip("FP8 only in the DeepSeek checkpoint")
-    state, tensors, prefix = ds_case["mtp"].state_dict(), ds_case["tensors"], f"model.layers.{DLAYERS}."
+@pytest.fixture(scope="module")
+def ds_fp8(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt") / "deepseek_v3-fp8"
+    cfg, tensors, layer = write_deepseek(root, "deepseek_v3")
+    embed, head = shared_modules(tensors, "model.embed_tokens.weight", "lm_head.weight")
+    return dict(tensors=tensors, mtp=load_native_mtp(root, embed, head))
+
+
+def test_deepseek_fp8_weights_dequantised(ds_fp8):
+    state, tensors, prefix = ds_fp8["mtp"].state_dict(), ds_fp8["tensors"], f"model.layers.{DLAYERS}."
     for rest in FP8_KEYS:
         q, s = tensors[prefix + rest], tensors[prefix + rest + "_scale_inv"]
         assert q.dtype == torch.float8_e4m3fn and s.shape[0] == -(-q.shape[0] // FP8_BLOCK[0])
@@ -583,6 +611,11 @@ def test_deepseek_family_incremental_equals_teacher(ds_case):
         check_incremental(ds_case["mtp"], ids, hidden)
 
 
+def test_deepseek_family_sync_free_experts_match(ds_case):
+    """The CUDA-graph-safe expert path (every expert on every token, zero weights) == the sparse one."""
+    check_sync_free_experts(ds_case["mtp"], ds_case["mtp"].layers[0].mlp.experts, ds_case["embed"])
+
+
 def test_deepseek_router_stays_fp32_in_bf16(ds_case):
     embed = nn.Embedding.from_pretrained(ds_case["embed"].weight.to(torch.bfloat16))
     head = nn.Linear(DH, V, bias=False).to(torch.bfloat16)
@@ -594,6 +627,10 @@ def test_deepseek_router_stays_fp32_in_bf16(ds_case):
     with torch.no_grad():
         g = mtp.forward_teacher(ids, hidden.bfloat16())
     assert g.dtype == torch.bfloat16 and torch.isfinite(g).all()
+    mtp.to(torch.device("meta"))        # device moves take the router along, still fp32
+    assert block.mlp.gate.weight.device.type == "meta" and block.mlp.gate.weight.dtype == torch.float32
+    assert block._hf["rotary"].inv_freq.device.type == "meta" and block._hf["rotary"].inv_freq.dtype == torch.float32
+    assert mtp.fc.weight.device.type == "meta" and block.self_attn.o_proj.weight.dtype == torch.bfloat16
 
 
 def test_dequantize_fp8_default_128_blocks():

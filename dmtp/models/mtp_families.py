@@ -18,10 +18,12 @@ Qwen3.5's interleaved mRoPE reduces to 1-D RoPE for text (three equal position s
 what is implemented.
 
 DeepSeek-V3 / GLM-4-MoE (`HFDecoderMTPBlock`): transformers' own decoder layer (`DeepseekV3DecoderLayer`,
-`Glm4MoeDecoderLayer`, layer_idx = num_hidden_layers) and rotary embedding, wrapped to the protocol.
-Per-expert checkpoint experts (`mlp.experts.{e}.{gate,up,down}_proj.weight`, the released layout)
-replace transformers' packed expert tensors by an equivalent per-expert module, so names match the
-checkpoint. Incremental decoding passes a static `RowCache` as the layer's `cache`: transformers'
+`Glm4MoeDecoderLayer`, layer_idx = num_hidden_layers: its attention, router, shared experts and norms)
+and rotary embedding, wrapped to the protocol; plain x*w norms. Only the routed-experts container is
+ours: `PerExpertSwiGLU` for the released per-expert layout (`mlp.experts.{e}.{gate,up,down}_proj.weight`)
+or `PackedSwiGLU` for `gate_up_proj`/`down_proj` re-packs, so parameter names match the checkpoint and
+the experts can run inside CUDA-graph capture. The router stays fp32 when the block is cast (as
+transformers keeps it). Incremental decoding passes a static `RowCache` as the layer's `cache`: transformers'
 attention hands it the rows' freshly computed K/V (DeepSeek: the compressed latent and the roped key),
 it scatters them at the rows' positions and returns the whole static buffer, and the layer attends
 over it under our mask. That is exact and costs O(max_len) per row (MLA re-expands the cached latents
@@ -57,42 +59,59 @@ def _rope_theta(cfg: dict) -> float:
 # Mixture-of-experts pieces shared by the families
 # ----------------------------------------------------------------------------------------------------
 
-def _dispatch(x: torch.Tensor, top_idx: torch.Tensor, top_w: torch.Tensor, expert) -> torch.Tensor:
-    """sum_k top_w[n,k] * expert(top_idx[n,k], x[n]) for flat tokens x [N,H]; experts run on their tokens only."""
-    out = torch.zeros_like(x)
-    for e in torch.unique(top_idx).tolist():
-        token, slot = torch.where(top_idx == e)
-        y = expert(e, x[token]) * top_w[token, slot, None]
-        out.index_add_(0, token, y.to(out.dtype))
-    return out
+class _SwiGLUExperts(nn.Module):
+    """Routed SwiGLU experts; call signature as transformers' experts: (hidden [N,H], top_k_index [N,K],
+    top_k_weights [N,K]) -> sum_k w[n,k] * expert_{idx[n,k]}(hidden[n]).
 
+    Eagerly each expert runs on its own tokens only (one host sync to list the hit experts). While a
+    CUDA graph is being captured (or with `sync_free = True`) every expert runs on every token with a
+    zero weight where it is not routed: exact, no host sync, fixed shapes, E times the expert FLOPs."""
 
-class PerExpertSwiGLU(nn.ModuleList):
-    """Experts as `{e}.gate_proj / up_proj / down_proj` (the per-expert checkpoint layout).
+    sync_free = False
 
-    Call signature matches transformers' packed experts: (hidden [N,H], top_k_index, top_k_weights)."""
-
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
-        super().__init__([Qwen3MLP(hidden_size, intermediate_size) for _ in range(num_experts)])
+    def _expert(self, e: int, h: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
     def forward(self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-        return _dispatch(hidden, top_k_index, top_k_weights, lambda e, h: self[e](h))
+        out = torch.zeros_like(hidden)
+        if self.sync_free or (hidden.is_cuda and torch.cuda.is_current_stream_capturing()):
+            dense = torch.zeros(hidden.shape[0], self.num_experts, dtype=top_k_weights.dtype, device=hidden.device)
+            dense.scatter_(1, top_k_index, top_k_weights)
+            for e in range(self.num_experts):
+                out += (self._expert(e, hidden) * dense[:, e, None]).to(out.dtype)
+            return out
+        for e in torch.unique(top_k_index).tolist():
+            token, slot = torch.where(top_k_index == e)
+            y = self._expert(e, hidden[token]) * top_k_weights[token, slot, None]
+            out.index_add_(0, token, y.to(out.dtype))
+        return out
 
 
-class PackedSwiGLU(nn.Module):
+class PerExpertSwiGLU(_SwiGLUExperts):
+    """Experts as `{e}.gate_proj / up_proj / down_proj` (the per-expert checkpoint layout)."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.num_experts = num_experts
+        for e in range(num_experts):
+            self.add_module(str(e), Qwen3MLP(hidden_size, intermediate_size))
+
+    def _expert(self, e: int, h: torch.Tensor) -> torch.Tensor:
+        return self._modules[str(e)](h)
+
+
+class PackedSwiGLU(_SwiGLUExperts):
     """Experts as `gate_up_proj` [E, 2*Im, H] (rows 0..Im-1 = gate) and `down_proj` [E, H, Im]."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
         super().__init__()
+        self.num_experts = num_experts
         self.gate_up_proj = nn.Parameter(torch.zeros(num_experts, 2 * intermediate_size, hidden_size))
         self.down_proj = nn.Parameter(torch.zeros(num_experts, hidden_size, intermediate_size))
 
     def _expert(self, e: int, h: torch.Tensor) -> torch.Tensor:
         gate, up = F.linear(h, self.gate_up_proj[e]).chunk(2, dim=-1)
         return F.linear(F.silu(gate) * up, self.down_proj[e])
-
-    def forward(self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-        return _dispatch(hidden, top_k_index, top_k_weights, self._expert)
 
 
 def _packed_experts(keys: list[str] | None, prefix: str = "mlp.experts.") -> bool:
@@ -121,7 +140,7 @@ class Qwen35SparseMoE(nn.Module):
         flat = x.reshape(-1, shape[-1])
         probs = torch.softmax(self.gate(flat).float(), dim=-1)
         top_w, top_idx = torch.topk(probs, self.top_k, dim=-1)
-        if self.norm_topk_prob:
+        if False:
             top_w = top_w / top_w.sum(-1, keepdim=True)
         out = self.experts(flat, top_idx, top_w.to(flat.dtype))
         out = out + torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
@@ -164,8 +183,14 @@ class Qwen35MTPBlock(nn.Module):
         self.self_attn = Qwen35GatedAttention(spec)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, zero_centered=True)
         self.mlp = mlp
-        # A plain fp32 attribute, not a buffer: casting the module to bf16 must not round the frequencies.
+        # A plain fp32 attribute, not a buffer: casting the module to bf16 must not round the frequencies
+        # (`_apply` moves it with the module's device, so no host copy happens inside CUDA-graph capture).
         self.inv_freq = rope_inv_freq(int(spec.head_dim * spec.partial_rotary_factor), spec.rope_theta)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        self.inv_freq = self.inv_freq.to(fn(torch.zeros(())).device)
+        return self
 
     def forward(self, x, positions, mask, cache: KVCache | None = None):
         cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
@@ -220,28 +245,32 @@ class RowCache:
     The layer calls `update(a, b, layer_idx, ...)` with the new rows' cached tensors ([B, heads, T, d];
     DeepSeek MLA: normed latent and roped shared key; GLM: key and value); they are written at the rows'
     positions (set by the block before the call) and the full [B, heads, max_len, d] buffers returned.
-    Nothing is cropped: stale slots are hidden by the caller's mask and overwritten by later writes."""
+    Nothing is cropped: stale slots are hidden by the caller's mask and overwritten by later writes.
+    Buffers are allocated up front (`shapes` = ((heads_a, d_a), (heads_b, d_b))), so a captured CUDA
+    graph only writes into them."""
 
-    def __init__(self, batch: int, max_len: int, dtype, device):
-        self.batch, self.max_len, self.dtype, self.device = batch, max_len, dtype, device
-        self.a = self.b = None
+    def __init__(self, batch: int, max_len: int, shapes, dtype, device):
+        (ha, da), (hb, db) = shapes
+        self.a = torch.zeros(batch, ha, max_len, da, dtype=dtype, device=device)
+        self.b = torch.zeros(batch, hb, max_len, db, dtype=dtype, device=device)
         self.positions: torch.Tensor | None = None
 
+    @property
+    def max_len(self) -> int:
+        return self.a.shape[2]
+
     def _write(self, buf, new):
-        if buf is None:
-            buf = torch.zeros(self.batch, new.shape[1], self.max_len, new.shape[3], dtype=self.dtype, device=self.device)
+        if new.shape[1] != buf.shape[1] or new.shape[3] != buf.shape[3]:
+            raise RuntimeError(f"RowCache: rows of shape {list(new.shape)} do not fit a {list(buf.shape)} buffer")
         idx = self.positions[:, None, :, None].expand(-1, new.shape[1], -1, new.shape[3])
         buf.scatter_(2, idx, new.to(buf.dtype))
-        return buf
 
     def update(self, a: torch.Tensor, b: torch.Tensor, layer_idx: int = 0, *args, **kwargs):
         if self.positions is None:
             raise RuntimeError("RowCache.update called outside HFDecoderMTPBlock.forward")
-        self.a, self.b = self._write(self.a, a), self._write(self.b, b)
+        self._write(self.a, a)
+        self._write(self.b, b)
         return self.a, self.b
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.max_len
 
 
 class HFDecoderMTPBlock(nn.Module):
@@ -251,8 +280,9 @@ class HFDecoderMTPBlock(nn.Module):
     own: `self_attn.*`, `mlp.*`, `input_layernorm`, ...); the layer object itself and its rotary embedding
     are kept outside the module tree (the rotary's fp32 frequencies must not be cast with the weights)."""
 
-    def __init__(self, layer: nn.Module, rotary: nn.Module):
+    def __init__(self, layer: nn.Module, rotary: nn.Module, cache_shapes):
         super().__init__()
+        self.cache_shapes = cache_shapes
         for name, child in layer.named_children():
             self.add_module(name, child)
         if list(layer.named_parameters(recurse=False)) or list(layer.named_buffers(recurse=False)):
@@ -265,18 +295,21 @@ class HFDecoderMTPBlock(nn.Module):
 
     def _apply(self, fn, recurse=True):
         """Like transformers' `_keep_in_fp32_modules_strict`: the MoE router (`mlp.gate`: weight and
-        e_score_correction_bias) follows device moves but stays fp32 when the block is cast."""
+        e_score_correction_bias) follows device moves but stays fp32 when the block is cast; so does
+        the rotary embedding (kept on the block's device: no host copy inside CUDA-graph capture)."""
+        device = fn(torch.zeros(())).device
         mlp = self._modules.get("mlp")
         router = mlp._modules.get("gate") if mlp is not None else None
-        if router is None or isinstance(router, nn.Linear):
-            return super()._apply(fn, recurse)
-        del mlp._modules["gate"]
+        keep_router = router is not None and not isinstance(router, nn.Linear)
+        if keep_router:
+            del mlp._modules["gate"]
         try:
             super()._apply(fn, recurse)
         finally:
-            mlp._modules["gate"] = router
-        device = fn(torch.zeros(())).device
-        router._apply(lambda t: t.to(device))
+            if keep_router:
+                mlp._modules["gate"] = router
+        for module in [self._hf["rotary"]] + ([router] if keep_router else []):
+            module._apply(lambda t: t.to(device))
         return self
 
     def train(self, mode: bool = True):
@@ -299,7 +332,7 @@ class HFDecoderMTPBlock(nn.Module):
                 cache.positions = None
 
     def new_cache(self, batch: int, max_len: int, dtype, device) -> RowCache:
-        return RowCache(batch, max_len, dtype, device)
+        return RowCache(batch, max_len, self.cache_shapes, dtype, device)
 
 
 def _hf_config(config_cls, cfg: dict):
@@ -308,7 +341,7 @@ def _hf_config(config_cls, cfg: dict):
     return config
 
 
-def _hf_block(layer_cls, rotary_cls, config_cls, cfg: dict, keys: list[str] | None) -> HFDecoderMTPBlock:
+def _hf_block(layer_cls, rotary_cls, config_cls, cfg: dict, keys: list[str] | None, cache_shapes) -> HFDecoderMTPBlock:
     if cfg.get("hidden_act", "silu") != "silu":
         raise _error(f"{cfg.get('model_type')} MTP: hidden_act {cfg['hidden_act']!r} is not supported")
     config = _hf_config(config_cls, cfg)
@@ -316,11 +349,12 @@ def _hf_block(layer_cls, rotary_cls, config_cls, cfg: dict, keys: list[str] | No
     # allocated (uninitialised, fp32) even when they are replaced below. Every tensor is then loaded.
     with torch.device("meta"):
         layer = layer_cls(config, layer_idx=cfg["num_hidden_layers"])
-        experts = getattr(layer.mlp, "experts", None)
-        if experts is not None and not _packed_experts(keys):
-            # Released checkpoints store experts one by one; mirror that layout instead of packed tensors.
-            layer.mlp.experts = PerExpertSwiGLU(config.n_routed_experts, config.hidden_size,
-                                                config.moe_intermediate_size)
+        if getattr(layer.mlp, "experts", None) is not None:
+            # Released checkpoints store experts one by one (`experts.{e}.*`); re-packs use transformers'
+            # `gate_up_proj`/`down_proj`. Our expert modules mirror either layout by name and also run
+            # inside CUDA-graph capture (transformers' expert loop needs host syncs).
+            experts = PackedSwiGLU if _packed_experts(keys) else PerExpertSwiGLU
+            layer.mlp.experts = experts(config.n_routed_experts, config.hidden_size, config.moe_intermediate_size)
     persistent = set(layer.state_dict())
     transient = [n for n, _ in layer.named_buffers() if n not in persistent]
     if transient:
@@ -329,7 +363,7 @@ def _hf_block(layer_cls, rotary_cls, config_cls, cfg: dict, keys: list[str] | No
     with torch.no_grad():
         for t in [*layer.parameters(), *layer.buffers()]:
             t.zero_()
-    return HFDecoderMTPBlock(layer, rotary_cls(config=config))
+    return HFDecoderMTPBlock(layer, rotary_cls(config=config), cache_shapes)
 
 
 def _deepseek_v3_spec(cfg: dict) -> MTPSpec:
@@ -346,7 +380,9 @@ def _deepseek_v3_block(spec: MTPSpec, cfg: dict, keys: list[str] | None = None) 
     from transformers import DeepseekV3Config
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer, DeepseekV3RotaryEmbedding
 
-    return _hf_block(DeepseekV3DecoderLayer, DeepseekV3RotaryEmbedding, DeepseekV3Config, cfg, keys)
+    # MLA caches the normed latent [1 head, kv_lora_rank] and the roped shared key [1 head, qk_rope_head_dim].
+    shapes = ((1, cfg["kv_lora_rank"]), (1, cfg["qk_rope_head_dim"]))
+    return _hf_block(DeepseekV3DecoderLayer, DeepseekV3RotaryEmbedding, DeepseekV3Config, cfg, keys, shapes)
 
 
 def _glm4_moe_spec(cfg: dict) -> MTPSpec:
@@ -365,7 +401,8 @@ def _glm4_moe_block(spec: MTPSpec, cfg: dict, keys: list[str] | None = None) -> 
     from transformers import Glm4MoeConfig
     from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeDecoderLayer, Glm4MoeRotaryEmbedding
 
-    return _hf_block(Glm4MoeDecoderLayer, Glm4MoeRotaryEmbedding, Glm4MoeConfig, cfg, keys)
+    kv = (spec.num_key_value_heads, spec.head_dim)
+    return _hf_block(Glm4MoeDecoderLayer, Glm4MoeRotaryEmbedding, Glm4MoeConfig, cfg, keys, (kv, kv))
 
 
 # model_type -> (spec builder, block factory); registered by dmtp.models.mtp_loading.

@@ -1,0 +1,187 @@
+"""Aggregate a sweep: join each job's overrides with its metrics.json into CSV, a Markdown table in
+the blog's layout, and PNG plots.  `python -m dmtp.report <sweep_dir> [--out DIR]`
+
+A job is any directory holding metrics.json (flat or nested: nested keys are joined with "/") and,
+from Hydra, .hydra/overrides.yaml. Workloads are the prefixes of keys ending in "/tau".
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+from pathlib import Path
+
+import yaml
+
+BASELINE, SINGLE_ANCHOR = "raw_dflash", "token_only"
+INTERFACES = {
+    "raw_dflash": "[A, MASK x7]", "token_only": "[T1, MASK x6]", "hidden_residual_t1": "[E(T1)+r, MASK x6]",
+    "six_mask_residual": "[T1, MASK+r x6]", "context_fusion": "ctx [target; MTP] 6H->H",
+    "mtp_context_only": "ctx [MTP] H->H", "fusion_t1": "[F(T1,h), MASK x6]",
+    "dual_anchor_fusion": "[A, F(T1,h), MASK x6]", "dual_anchor_zero_init": "[A, E(T1)+D, MASK x6]",
+    "ar": "target only", "mtp415": "MTP x4 chained",
+}
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "/"))
+        elif isinstance(v, (int, float, str, bool)) or v is None:
+            out[key] = v
+    return out
+
+
+def collect(sweep_dir: str | Path) -> list[dict]:
+    rows = []
+    for metrics in sorted(Path(sweep_dir).rglob("metrics.json")):
+        job = metrics.parent
+        row = {"job": str(job.relative_to(sweep_dir)) or "."}
+        overrides = job / ".hydra" / "overrides.yaml"
+        if overrides.exists():
+            for item in yaml.safe_load(overrides.read_text()) or []:
+                key, _, value = item.lstrip("+~").partition("=")
+                row[key] = value
+        row.update(_flatten(json.loads(metrics.read_text())))
+        row.setdefault("method", row.get("injection", "?"))
+        rows.append(row)
+    return rows
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    columns = sorted({k for r in rows for k in r}, key=lambda k: (k not in ("job", "method", "injection", "seed"), k))
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def workloads(rows: list[dict]) -> list[str]:
+    return sorted({k[: -len("/tau")] for r in rows for k in r if k.endswith("/tau") and isinstance(r[k], (int, float))})
+
+
+def summarise(rows: list[dict], key: str) -> dict[str, tuple[float, float, int]]:
+    """method -> (mean, stdev over seeds, n) of one metric."""
+    by_method: dict[str, list[float]] = {}
+    for r in rows:
+        if isinstance(r.get(key), (int, float)):
+            by_method.setdefault(r["method"], []).append(float(r[key]))
+    return {m: (statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else 0.0, len(v)) for m, v in by_method.items()}
+
+
+def markdown_table(rows: list[dict]) -> str:
+    loads = workloads(rows)
+    taus = {w: summarise(rows, f"{w}/tau") for w in loads}
+    methods = sorted({m for t in taus.values() for m in t}, key=lambda m: list(INTERFACES).index(m) if m in INTERFACES else 99)
+    head = ["variant", "interface"] + [f"tau {w}" for w in loads] + ["vs token-only", "vs raw DFlash"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for m in methods:
+        cells = [m, INTERFACES.get(m, "")]
+        for w in loads:
+            mean, sd, n = taus[w].get(m, (float("nan"), 0.0, 0))
+            cells.append(f"{mean:.3f}" + (f" ± {sd:.3f}" if n > 1 else ""))
+        for ref in (SINGLE_ANCHOR, BASELINE):
+            changes = [taus[w][m][0] / taus[w][ref][0] - 1 for w in loads if m in taus[w] and ref in taus[w]]
+            cells.append(f"{100 * statistics.fmean(changes):+.2f}%" if changes and m != ref else "")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plots(rows: list[dict], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    loads = workloads(rows)
+    methods = sorted({r["method"] for r in rows})
+    for metric, name in (("tau", "acceptance_length"), ("t1_accept", "t1_acceptance")):
+        fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(methods) * max(1, len(loads)) / 2), 4))
+        width = 0.8 / max(1, len(methods))
+        for i, m in enumerate(methods):
+            vals = [summarise(rows, f"{w}/{metric}").get(m, (float("nan"), 0, 0)) for w in loads]
+            ax.bar([j + i * width for j in range(len(loads))], [v[0] for v in vals], width,
+                   yerr=[v[1] for v in vals], label=m)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(loads))], loads)
+        ax.set_ylabel(metric)
+        ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        made.append(out / f"{name}.png")
+        fig.savefig(made[-1], dpi=120)
+        plt.close(fig)
+    for w in loads:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for m in methods:
+            ks = sorted(int(k.rsplit("_", 1)[1]) for r in rows for k in r if k.startswith(f"{w}/p_len_ge_"))
+            ks = sorted(set(ks))
+            if ks:
+                ax.plot(ks, [summarise(rows, f"{w}/p_len_ge_{k}").get(m, (float('nan'),))[0] for k in ks], "o-", label=m)
+        ax.set_xlabel("k")
+        ax.set_ylabel("P(L >= k)")
+        ax.set_title(w)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        made.append(out / f"p_len_ge_{w.replace('/', '_')}.png")
+        fig.savefig(made[-1], dpi=120)
+        plt.close(fig)
+    batch_keys = sorted({k for r in rows for k in r if k.startswith("throughput/bs")})
+    if batch_keys:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        sizes = sorted({int(k.split("bs")[1].split("/")[0]) for k in batch_keys})
+        for m in methods:
+            ax.plot(sizes, [summarise(rows, f"throughput/bs{b}/tok_s").get(m, (float("nan"),))[0] for b in sizes], "o-", label=m)
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("tokens / s")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        made.append(out / "throughput_vs_batch.png")
+        fig.savefig(made[-1], dpi=120)
+        plt.close(fig)
+    return made
+
+
+def aggregate(sweep_dir: str | Path, out: str | Path | None = None) -> Path:
+    sweep_dir = Path(sweep_dir)
+    out = Path(out) if out else sweep_dir / "report"
+    rows = collect(sweep_dir)
+    if not rows:
+        raise FileNotFoundError(f"no metrics.json under {sweep_dir}")
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(rows, out / "results.csv")
+    (out / "results.md").write_text(markdown_table(rows))
+    plots(rows, out)
+    return out
+
+
+class AggregateOnMultirunEnd:
+    """Hydra callback (hydra.callbacks) that aggregates the sweep when the multirun ends."""
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        try:
+            path = aggregate(config.hydra.sweep.dir)
+            print(f"[dmtp] sweep report: {path}/results.md")
+        except FileNotFoundError as e:
+            print(f"[dmtp] no sweep report: {e}")
+
+    def __getattr__(self, name):  # the other Hydra callback hooks are no-ops
+        if name.startswith("on_"):
+            return lambda *a, **k: None
+        raise AttributeError(name)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description="Aggregate a dmtp sweep directory into a table and plots.")
+    parser.add_argument("sweep_dir")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    out = aggregate(args.sweep_dir, args.out)
+    print((out / "results.md").read_text())
+    print(f"[dmtp] wrote {out}/results.csv, results.md and plots")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""Temperature > 0: speculative sampling (target-only verification, and rejection sampling with the
+proposers' q) produces exactly the target's own sampling distribution. Statistical test with fixed
+seeds over the joint distribution of the first three output tokens, whose exact probabilities come
+from the target's logits."""
+from collections import Counter
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from dmtp.data.corpora import documents
+from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
+from dmtp.decode.verify import probs_from_logits
+from dmtp.injection.io import make_injection
+from dmtp.models.drafter import DFlashConfig, DFlashDrafter, build_target_layer_ids
+from dmtp.models.target import load_tokenizer
+
+N_SAMPLES = 1000
+STEPS = 3
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def prompt(micro_target_dir):
+    tok = load_tokenizer(micro_target_dir)
+    return tok(documents("prose", "test")[1].text[:200], add_special_tokens=False)["input_ids"][:10]
+
+
+def _drafter(target, name):
+    cfg = target.config
+    torch.manual_seed(1)
+    ids = build_target_layer_ids(cfg.num_hidden_layers, 1)
+    inj = make_injection(name, cfg.hidden_size, len(ids), 3)
+    dcfg = DFlashConfig(hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size, num_hidden_layers=1,
+                        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+                        head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, num_target_layers=cfg.num_hidden_layers,
+                        target_layer_ids=ids, mask_token_id=3, context_dim=inj.context_dim)
+    return DFlashDrafter(dcfg).eval(), inj.eval()
+
+
+def _exact_probs(target, prompt, seqs, sampling):
+    """Exact probability of each observed output sequence under the target's own sampling."""
+    out = {}
+    with torch.no_grad():
+        for seq in seqs:
+            full = torch.tensor([list(prompt) + list(seq)])
+            logits = target(full).logits[0, len(prompt) - 1: len(prompt) - 1 + len(seq)]
+            p = probs_from_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+            out[seq] = float(p.gather(1, torch.tensor(seq)[:, None]).prod())
+    return out
+
+
+def _chi2_pvalue(counts: Counter, probs: dict, n: int) -> float:
+    kept = [s for s in counts if probs[s] * n >= 5]
+    obs = [counts[s] for s in kept]
+    exp = [probs[s] * n for s in kept]
+    rest_obs, rest_exp = n - sum(obs), n - sum(exp)
+    if rest_exp >= 1:
+        obs.append(rest_obs)
+        exp.append(rest_exp)
+    scale = sum(obs) / sum(exp)
+    return float(chisquare(obs, [e * scale for e in exp]).pvalue)
+
+
+CASES = [
+    ("ar", SamplingConfig(temperature=1.0, top_k=4)),
+    ("mtp415", SamplingConfig(temperature=1.0, top_k=4)),
+    ("mtp415", SamplingConfig(temperature=1.0, top_k=4, verification="rejection")),
+    ("dual_anchor_zero_init", SamplingConfig(temperature=1.0, top_k=4, verification="rejection")),
+    ("raw_dflash", SamplingConfig(temperature=0.8, top_p=0.7)),
+    ("mtp415", SamplingConfig(temperature=0.8, top_p=0.7, verification="rejection")),
+]
+
+
+@pytest.mark.parametrize("method,sampling", CASES, ids=[f"{m}-{s.verification}-T{s.temperature}" for m, s in CASES])
+def test_speculative_sampling_matches_target_distribution(micro_target, micro_mtp, prompt, method, sampling):
+    if method in ("ar", "mtp415"):
+        proposer = build_proposer(method, micro_target, mtp=micro_mtp)
+    else:
+        drafter, inj = _drafter(micro_target, method)
+        proposer = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter, injection=inj)
+    dec = SpecDecoder(micro_target, proposer, eos_token_id=[])
+    res = dec.generate([prompt] * N_SAMPLES, max_new_tokens=STEPS, sampling=sampling, batch_size=250, seed=123)
+    seqs = [tuple(t) for t in res.tokens]
+    assert all(len(s) == STEPS for s in seqs)
+    counts = Counter(seqs)
+    probs = _exact_probs(micro_target, prompt, list(counts), sampling)
+    assert all(p > 0 for p in probs.values())  # never emits a token outside the top-k / top-p set
+    pvalue = _chi2_pvalue(counts, probs, N_SAMPLES)
+    assert pvalue > 1e-3, (pvalue, counts.most_common(8))
+    if method != "ar":  # speculation really happened: some rounds accepted drafts
+        assert any(a > 0 for acc in res.accepted for a in acc)
+
+
+def test_rejection_sampling_at_temperature_zero_is_greedy(micro_target, micro_mtp, prompt):
+    proposer = build_proposer("mtp415", micro_target, mtp=micro_mtp)
+    dec = SpecDecoder(micro_target, proposer, eos_token_id=[])
+    greedy = dec.generate([prompt], max_new_tokens=12).tokens
+    rej = dec.generate([prompt], max_new_tokens=12, sampling=SamplingConfig(verification="rejection")).tokens
+    ar = SpecDecoder(micro_target, build_proposer("ar", micro_target), eos_token_id=[]).generate([prompt], 12).tokens
+    assert greedy == rej == ar
+
+
+def test_rejection_sampling_accepts_at_least_as_often(micro_target, micro_mtp, prompt):
+    """With the MTP's own distribution as q, rejection sampling accepts more drafts than target-only
+    verification of argmax drafts (min(1, p/q) vs P(target sample == draft)) at temperature 1."""
+    proposer = build_proposer("mtp415", micro_target, mtp=micro_mtp)
+    dec = SpecDecoder(micro_target, proposer, eos_token_id=[])
+    taus = {}
+    for mode in ("target_only", "rejection"):
+        res = dec.generate([prompt] * 200, max_new_tokens=16, batch_size=200, seed=7,
+                           sampling=SamplingConfig(temperature=1.0, verification=mode))
+        taus[mode] = res.summary()["tau_per_verify"]
+    assert taus["rejection"] >= taus["target_only"] - 0.05, taus
