@@ -5,7 +5,7 @@ import pytest
 from hydra.utils import instantiate
 
 from dmtp.injection import VARIANTS
-from tests.helpers import CONF_DIR, compose_train
+from dmtp.configs import CONF_DIR, compose_train
 
 GROUPS = {p.name: sorted(f.stem for f in p.glob("*.yaml")) for p in Path(CONF_DIR).iterdir() if p.is_dir()}
 
@@ -16,8 +16,9 @@ def test_every_injection_variant_has_a_config_and_vice_versa():
 
 @pytest.mark.parametrize("group,option", [(g, o) for g, opts in GROUPS.items() if g != "hydra" for o in opts])
 def test_option_composes(group, option):
-    cfg = compose_train([f"{group}={option}"], tiny=False)
-    if group not in ("logger", "callbacks", "experiment", "debug"):  # global overlays leave no node
+    prefix = "+" if group == "sweep" else ""  # sweeps are appended: python -m dmtp.train -m +sweep=<name>
+    cfg = compose_train([f"{prefix}{group}={option}"], tiny=False)
+    if group not in ("logger", "callbacks", "experiment", "debug", "sweep"):  # global overlays leave no node
         assert cfg[group] is not None
 
 

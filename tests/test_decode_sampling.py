@@ -47,14 +47,13 @@ def _drafter(target, name):
 
 def _exact_probs(target, prompt, seqs, sampling):
     """Exact probability of each observed output sequence under the target's own sampling."""
-    out = {}
+    full = torch.tensor([list(prompt) + list(seq) for seq in seqs])
+    n = len(prompt)
     with torch.no_grad():
-        for seq in seqs:
-            full = torch.tensor([list(prompt) + list(seq)])
-            logits = target(full).logits[0, len(prompt) - 1: len(prompt) - 1 + len(seq)]
-            p = probs_from_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p)
-            out[seq] = float(p.gather(1, torch.tensor(seq)[:, None]).prod())
-    return out
+        logits = target(full).logits[:, n - 1: n - 1 + STEPS]
+    p = probs_from_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+    joint = p.gather(2, full[:, n:, None]).squeeze(-1).prod(1)
+    return dict(zip(seqs, joint.tolist()))
 
 
 def _chi2_pvalue(counts: Counter, probs: dict, n: int) -> float:

@@ -15,7 +15,7 @@ from dmtp.injection.io import load_dmtp_drafter, make_injection
 from dmtp.models.drafter import DFlashConfig, DFlashDrafter, save_drafter
 from dmtp.train import build_components, train
 from dmtp.training.blocks import draft_blocks, sample_anchors, teacher_features, valid_anchors
-from tests.helpers import compose_train
+from dmtp.configs import compose_train
 
 
 def _batch(tokenizer, seq_len=64, rows=4):

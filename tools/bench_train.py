@@ -15,7 +15,7 @@ import torch
 
 from dmtp.injection import VARIANTS
 from dmtp.train import build_components
-from tests.helpers import compose_train
+from dmtp.configs import compose_train
 
 
 def main() -> None:

@@ -140,7 +140,7 @@ class Qwen35SparseMoE(nn.Module):
         flat = x.reshape(-1, shape[-1])
         probs = torch.softmax(self.gate(flat).float(), dim=-1)
         top_w, top_idx = torch.topk(probs, self.top_k, dim=-1)
-        if False:
+        if self.norm_topk_prob:
             top_w = top_w / top_w.sum(-1, keepdim=True)
         out = self.experts(flat, top_idx, top_w.to(flat.dtype))
         out = out + torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)

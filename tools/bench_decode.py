@@ -1,0 +1,183 @@
+"""Side-by-side decoding benchmark on one target, in one run:
+
+* tau (acceptance length) and tok/s for ar, mtp415 and every drafter given (raw DFlash and DMTP variants);
+* DMTP / DFlash ratios (tau and tok/s) for every DMTP drafter against the raw_dflash one;
+* our AR runner against transformers' `generate()` on the same target and prompts.
+
+    python tools/bench_decode.py --drafter outputs/train/runs/A/drafter --drafter outputs/train/runs/B/drafter
+    python tools/bench_decode.py --preset micro --random-drafters raw_dflash,dual_anchor_zero_init   # plumbing check
+
+With no --drafter and no --random-drafters, the newest trained drafter under ./outputs or ./logs is used
+(if any). Writes a JSON report with --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer  # noqa: E402
+from dmtp.decode.metrics import format_table, throughput  # noqa: E402
+from dmtp.infer import (decode_workloads, embedded_prompts, find_latest_drafter, load_drafter_for,  # noqa: E402
+                        resolve_device, resolve_dtype)
+
+
+def random_drafter(target, name: str, mask_token_id: int, device, dtype, seed: int = 0):
+    from dmtp.injection.io import make_injection
+    from dmtp.models.drafter import DFlashConfig, DFlashDrafter, build_target_layer_ids
+
+    cfg = target.config
+    torch.manual_seed(seed)
+    ids = build_target_layer_ids(cfg.num_hidden_layers, 1)
+    inj = make_injection(name, cfg.hidden_size, len(ids), mask_token_id)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    dcfg = DFlashConfig(hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size, num_hidden_layers=1,
+                        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+                        head_dim=head_dim, vocab_size=cfg.vocab_size, num_target_layers=cfg.num_hidden_layers,
+                        target_layer_ids=ids, mask_token_id=mask_token_id, context_dim=inj.context_dim)
+    return DFlashDrafter(dcfg).to(device, dtype).eval(), inj.to(device, dtype).eval(), name
+
+
+@torch.no_grad()
+def hf_generate(target, prompts, max_new_tokens: int, batch_size: int, eos: int | None) -> dict:
+    """transformers' own greedy generate(), left-padded batches; throughput incl. prefill."""
+    hf, dev = target.hf, target.device
+    pad = eos if eos is not None else 0
+    outputs = []
+    # warm-up
+    hf.generate(torch.tensor([prompts[0]], device=dev), max_new_tokens=4, do_sample=False, pad_token_id=pad,
+                eos_token_id=eos)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    t0 = time.perf_counter()
+    for s in range(0, len(prompts), batch_size):
+        chunk = prompts[s:s + batch_size]
+        t = max(map(len, chunk))
+        ids = torch.full((len(chunk), t), pad, dtype=torch.long)
+        mask = torch.zeros((len(chunk), t), dtype=torch.long)
+        for i, p in enumerate(chunk):
+            ids[i, t - len(p):] = torch.tensor(p)
+            mask[i, t - len(p):] = 1
+        out = hf.generate(ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=max_new_tokens, do_sample=False,
+                          pad_token_id=pad, eos_token_id=eos)
+        for row in out[:, t:].tolist():
+            if eos is not None and eos in row:
+                row = row[: row.index(eos) + 1]
+            outputs.append(row)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    wall = time.perf_counter() - t0
+    n = sum(len(o) for o in outputs)
+    return {"tokens": outputs, "output_tokens": n, "wall_s": wall, "tokens_per_s": throughput(n, wall)}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default=None, help="target checkpoint dir (default: the embedded --preset)")
+    ap.add_argument("--preset", default="tiny", help="embedded target preset when --target is not given")
+    ap.add_argument("--drafter", action="append", default=[], help="drafter checkpoint dir (repeatable)")
+    ap.add_argument("--random-drafters", default="", help="comma-separated variants with random weights (plumbing)")
+    ap.add_argument("--domains", default="code,prose,math")
+    ap.add_argument("--num-prompts", type=int, default=8, help="per domain")
+    ap.add_argument("--prompt-tokens", type=int, default=64)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--no-cuda-graphs", action="store_true")
+    ap.add_argument("--no-hf", action="store_true", help="skip the transformers generate() baseline")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
+    ap.add_argument("--out", default=None, help="write the JSON report here")
+    args = ap.parse_args(argv)
+
+    from dmtp.models.mtp_loading import load_native_mtp
+    from dmtp.models.target import TargetModel, load_tokenizer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    if args.target:
+        path = args.target
+    else:
+        from dmtp.tiny.build import ensure_tiny_target
+
+        path = str(ensure_tiny_target(args.preset))
+    target = TargetModel.from_pretrained(path, dtype=dtype, device=device)
+    tok = load_tokenizer(path)
+    mtp = load_native_mtp(path, target.embed_tokens, target.lm_head)
+    eos = tok.eos_token_id
+
+    drafters = []
+    paths = list(args.drafter)
+    if not paths and not args.random_drafters:
+        latest = find_latest_drafter()
+        if latest is not None:
+            paths = [str(latest)]
+    for p in paths:
+        drafters.append(load_drafter_for(target, p, dtype, device))
+    mask_id = tok.convert_tokens_to_ids("<|mask|>") if "<|mask|>" in tok.get_vocab() else target.config.vocab_size - 1
+    for name in filter(None, args.random_drafters.split(",")):
+        drafters.append(random_drafter(target, name, mask_id, device, dtype))
+
+    graphs = not args.no_cuda_graphs
+    decoders = {m: SpecDecoder(target, build_proposer(m, target, mtp=mtp), eos_token_id=eos, cuda_graphs=graphs)
+                for m in ("ar", "mtp415")}
+    for drafter, inj, name in drafters:
+        label = name if name not in decoders else f"{name}#{len(decoders)}"
+        decoders[label] = SpecDecoder(target, build_proposer("drafter", target, mtp=mtp, drafter=drafter, injection=inj,
+                                                             name=label), eos_token_id=eos, cuda_graphs=graphs)
+
+    workloads = embedded_prompts(tok, args.domains.split(","), args.num_prompts, args.prompt_tokens)
+    sampling = SamplingConfig(temperature=args.temperature)
+    metrics = decode_workloads(decoders, workloads, max_new_tokens=args.max_new_tokens, sampling=sampling,
+                               batch_size=args.batch_size, warmup=True, progress=True)
+    overall = metrics["overall"]
+    ar_tps = overall["ar"]["tokens_per_s"]
+    rows = [{"method": m, "tau": s["tau_per_request"], "tau_verify": s["tau_per_verify"], "t1_accept": s["t1_accept"],
+             "tok/s": s["tokens_per_s"], "speedup_vs_ar": s["tokens_per_s"] / ar_tps,
+             "ms/round": s["stage_ms_per_round"].get("round")} for m, s in overall.items()]
+    print(format_table(rows, ["method", "tau", "tau_verify", "t1_accept", "tok/s", "speedup_vs_ar", "ms/round"],
+                       title=f"decoding on {path} ({device}, {str(dtype).replace('torch.', '')}, batch {args.batch_size})"))
+
+    ratios = {}
+    raw = [m for m in overall if m.startswith("raw_dflash")]
+    if raw:
+        base = overall[raw[0]]
+        for m, s in overall.items():
+            if m in ("ar", "mtp415") or m == raw[0]:
+                continue
+            ratios[m] = {"tau_ratio": s["tau_per_request"] / base["tau_per_request"],
+                         "tps_ratio": s["tokens_per_s"] / base["tokens_per_s"],
+                         "t1_points": 100 * ((s["t1_accept"] or 0) - (base["t1_accept"] or 0))}
+            print(f"{m} / {raw[0]}: tau x{ratios[m]['tau_ratio']:.3f} ({100 * (ratios[m]['tau_ratio'] - 1):+.2f}%), "
+                  f"tok/s x{ratios[m]['tps_ratio']:.3f}, T1 {ratios[m]['t1_points']:+.2f} points")
+
+    hf = None
+    if not args.no_hf:
+        prompts = [p for ps in workloads.values() for p in ps]
+        hf = hf_generate(target, prompts, args.max_new_tokens, args.batch_size, eos)
+        ours = [t for wl in workloads for t in metrics["results"][(wl, "ar")].tokens]
+        same = sum(a == b for a, b in zip(ours, hf["tokens"]))
+        print(f"AR runner {ar_tps:.1f} tok/s vs transformers generate() {hf['tokens_per_s']:.1f} tok/s "
+              f"(x{ar_tps / hf['tokens_per_s']:.2f}); identical outputs {same}/{len(prompts)}")
+        hf = {k: v for k, v in hf.items() if k != "tokens"} | {"identical_outputs": same, "requests": len(prompts)}
+
+    report = {"target": path, "device": str(device), "dtype": str(dtype), "batch_size": args.batch_size,
+              "max_new_tokens": args.max_new_tokens, "methods": {m: s for m, s in overall.items()},
+              "workloads": metrics["workloads"], "dmtp_over_dflash": ratios, "hf_generate": hf}
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"report written to {args.out}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
