@@ -1,0 +1,84 @@
+"""`python -m dmtp.infer`: config composition, drafter discovery, metrics.json and the no-drafter message."""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from dmtp.infer import NO_DRAFTER_MESSAGE, find_latest_drafter, run
+from dmtp.injection.io import make_injection, save_dmtp_drafter
+from dmtp.models.drafter import DFlashConfig, DFlashDrafter, build_target_layer_ids
+
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+def _save_drafter(target, path, name="dual_anchor_zero_init"):
+    cfg = target.config
+    torch.manual_seed(0)
+    ids = build_target_layer_ids(cfg.num_hidden_layers, 1)
+    inj = make_injection(name, cfg.hidden_size, len(ids), 3)
+    dcfg = DFlashConfig(hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size, num_hidden_layers=1,
+                        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+                        head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, num_target_layers=cfg.num_hidden_layers,
+                        target_layer_ids=ids, mask_token_id=3, context_dim=inj.context_dim)
+    save_dmtp_drafter(path, DFlashDrafter(dcfg), inj)
+    return path
+
+
+def _compose(overrides):
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return compose("infer", overrides=overrides)
+
+
+def test_default_config_composes():
+    cfg = _compose(["output_dir=/tmp/x"])
+    assert cfg.target.path is None and cfg.target.preset == "tiny"
+    assert list(cfg.methods) == ["ar", "mtp415", "drafter"]
+    assert cfg.drafter is None and cfg.temperature == 0.0 and cfg.cuda_graphs is True
+    assert cfg.eval.name == "embedded" and list(cfg.eval.domains) == ["code", "prose", "math"]
+
+
+def test_find_latest_drafter(tmp_path, micro_target):
+    assert find_latest_drafter(base=tmp_path) is None
+    old = _save_drafter(micro_target, tmp_path / "outputs" / "train" / "runs" / "a" / "drafter")
+    time.sleep(0.05)
+    new = _save_drafter(micro_target, tmp_path / "logs" / "b" / "drafter")
+    os.utime(old / "config.json", (time.time() - 100, time.time() - 100))
+    assert find_latest_drafter(base=tmp_path) == new
+
+
+def test_infer_run_writes_metrics(tmp_path, micro_target_dir, micro_target, capsys):
+    drafter = _save_drafter(micro_target, tmp_path / "drafter")
+    out = tmp_path / "run"
+    cfg = _compose([f"target.path={micro_target_dir}", f"drafter={drafter}", f"output_dir={out}", "num_prompts=2",
+                    "max_new_tokens=12", "batch_size=2", "eval.prompt_tokens=16", "progress=false"])
+    torch.set_num_threads(1)
+    run(cfg)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert set(metrics["overall"]) == {"ar", "mtp415", "dual_anchor_zero_init"}
+    assert set(metrics["workloads"]) == {"code", "prose", "math"}
+    for name, s in metrics["overall"].items():
+        assert s["matches_ar"] == 1.0  # greedy: every method reproduces the target's own output
+        for key in ("tau_per_request", "tau_per_verify", "accept_hist", "t1_accept", "p_len_ge", "p_cond",
+                    "tokens_per_s", "ttft_ms", "stage_ms_per_round", "per_request"):
+            assert key in s
+        assert len(s["per_request"]) == 6
+    assert metrics["overall"]["dual_anchor_zero_init"]["stage_ms_per_round"].keys() >= {"t1_fusion", "drafter",
+                                                                                        "verify", "mtp", "round"}
+    assert len(metrics["overall"]["mtp415"]["p_len_ge"]) == 4
+    printed = capsys.readouterr().out
+    assert "tau_verify" in printed and "per-stage ms per round" in printed
+
+
+def test_no_drafter_message(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, "-m", "dmtp.infer"], cwd=tmp_path, capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 1
+    assert NO_DRAFTER_MESSAGE in proc.stdout
+    assert "python -m dmtp.train injection=dual_anchor_zero_init" in proc.stdout

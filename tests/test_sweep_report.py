@@ -1,0 +1,48 @@
+"""A real 2-variant multirun on the micro target, aggregated into a table and plots."""
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dmtp.report import aggregate, collect, markdown_table
+
+
+@pytest.mark.slow
+def test_two_variant_multirun_aggregates(tmp_path):
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "dmtp.train", "-m", "+sweep=main", "hydra.sweeper.params.seed=0",
+           "debug=tiny_budget", "logger=none", "callbacks=none", "data.max_examples=40", f"hydra.sweep.dir={sweep}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    jobs = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/metrics.json"))]
+    assert {j["injection"] for j in jobs} == {"raw_dflash", "dual_anchor_zero_init"}
+    report = sweep / "report"          # written by the on_multirun_end callback
+    table = (report / "results.md").read_text()
+    for job in jobs:
+        tau = job["walk/math/tau"]
+        assert f"{tau:.3f}" in table
+    rows = list(csv.DictReader((report / "results.csv").open()))
+    assert len(rows) == 2 and {r["injection"] for r in rows} == {"raw_dflash", "dual_anchor_zero_init"}
+    for png in ("acceptance_length.png", "t1_acceptance.png", "p_len_ge_walk_math.png"):
+        assert (report / png).stat().st_size > 1000
+    assert "+" in table or "-" in table  # the change vs raw DFlash column is filled
+
+
+def test_aggregate_by_hand(tmp_path):
+    for i, (method, seed, tau) in enumerate([("raw_dflash", 0, 2.0), ("raw_dflash", 1, 2.2),
+                                             ("dual_anchor_zero_init", 0, 2.6), ("token_only", 0, 2.4)]):
+        job = tmp_path / str(i)
+        (job / ".hydra").mkdir(parents=True)
+        (job / ".hydra" / "overrides.yaml").write_text(f"- injection={method}\n- seed={seed}\n")
+        (job / "metrics.json").write_text(json.dumps({"method": method, "code": {"tau": tau, "t1_accept": 0.5,
+                                                                                  "p_len_ge_1": 0.5}}))
+    rows = collect(tmp_path)
+    assert len(rows) == 4 and rows[0]["code/tau"] in (2.0, 2.2, 2.6, 2.4)
+    table = markdown_table(rows)
+    assert "2.100 ± 0.141" in table                 # raw DFlash mean ± stdev over two seeds
+    assert "+23.81%" in table                       # 2.6 / 2.1 - 1
+    assert "+8.33%" in table                        # 2.6 / 2.4 - 1, vs token-only
+    out = aggregate(tmp_path, tmp_path / "report")
+    assert (out / "acceptance_length.png").exists() and (out / "p_len_ge_code.png").exists()
