@@ -5,6 +5,7 @@ With no arguments: the embedded tiny target, the newest drafter trained in this 
 ar / mtp415 / drafter. Prints a table and writes `metrics.json` to the run directory.
 
     python -m dmtp.infer drafter=outputs/train/runs/<run>/drafter batch_size=8 max_new_tokens=128
+    (drafter=<dir> is short for drafter.path=<dir>)
     python -m dmtp.infer methods=[ar,drafter] temperature=0.7 top_p=0.9
     python -m dmtp.infer target.path=/models/Qwen3-8B drafter=/models/dflash eval.name=gsm8k eval.path=/data/gsm8k
 """
@@ -225,7 +226,7 @@ def run(cfg) -> dict:
     methods = list(cfg.methods)
     drafter_dir = None
     if "drafter" in methods:
-        drafter_dir = Path(cfg.drafter) if cfg.drafter else find_latest_drafter()
+        drafter_dir = Path(cfg.drafter.path) if cfg.drafter.path else find_latest_drafter()
         if drafter_dir is None:
             print(NO_DRAFTER_MESSAGE)
             sys.exit(1)
@@ -242,7 +243,7 @@ def run(cfg) -> dict:
 
     drafter = injection = variant = None
     if drafter_dir is not None:
-        drafter, injection, variant = load_drafter_for(target, drafter_dir, dtype, device, cfg.get("injection"))
+        drafter, injection, variant = load_drafter_for(target, drafter_dir, dtype, device, cfg.drafter.get("injection"))
     mtp = None
     if any(method_needs_mtp(m, injection) for m in methods):
         try:
@@ -290,8 +291,19 @@ def run(cfg) -> dict:
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="infer")
-def main(cfg) -> None:
+def _hydra_main(cfg) -> None:
     run(cfg)
+
+
+def cli_shorthands(argv: list[str]) -> list[str]:
+    """`drafter=<dir>` -> `drafter.path=<dir>`: `drafter` is also the name of the training's config
+    group, which Hydra would otherwise try to select."""
+    return ["drafter.path=" + a[len("drafter="):] if a.startswith("drafter=") else a for a in argv]
+
+
+def main() -> None:
+    sys.argv = [sys.argv[0], *cli_shorthands(sys.argv[1:])]
+    _hydra_main()
 
 
 if __name__ == "__main__":

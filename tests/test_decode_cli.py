@@ -39,7 +39,7 @@ def test_default_config_composes():
     cfg = _compose(["output_dir=/tmp/x"])
     assert cfg.target.path is None and cfg.target.preset == "tiny"
     assert list(cfg.methods) == ["ar", "mtp415", "drafter"]
-    assert cfg.drafter is None and cfg.temperature == 0.0 and cfg.cuda_graphs is True
+    assert cfg.drafter.path is None and cfg.temperature == 0.0 and cfg.cuda_graphs is True
     assert cfg.eval.name == "embedded" and list(cfg.eval.domains) == ["code", "prose", "math"]
 
 
@@ -55,7 +55,7 @@ def test_find_latest_drafter(tmp_path, micro_target):
 def test_infer_run_writes_metrics(tmp_path, micro_target_dir, micro_target, capsys):
     drafter = _save_drafter(micro_target, tmp_path / "drafter")
     out = tmp_path / "run"
-    cfg = _compose([f"target.path={micro_target_dir}", f"drafter={drafter}", f"output_dir={out}", "num_prompts=2",
+    cfg = _compose([f"target.path={micro_target_dir}", f"drafter.path={drafter}", f"output_dir={out}", "num_prompts=2",
                     "max_new_tokens=12", "batch_size=2", "eval.prompt_tokens=16", "progress=false"])
     torch.set_num_threads(1)
     run(cfg)
@@ -82,3 +82,12 @@ def test_no_drafter_message(tmp_path):
     assert proc.returncode == 1
     assert NO_DRAFTER_MESSAGE in proc.stdout
     assert "python -m dmtp.train injection=dual_anchor_zero_init" in proc.stdout
+
+
+def test_drafter_shorthand():
+    from dmtp.infer import cli_shorthands
+
+    assert cli_shorthands(["drafter=/a/b", "batch_size=2", "drafter.injection=x"]) == [
+        "drafter.path=/a/b", "batch_size=2", "drafter.injection=x"]
+    cfg = _compose(cli_shorthands(["drafter=/a/b", "output_dir=/tmp/x"]))
+    assert cfg.drafter.path == "/a/b"

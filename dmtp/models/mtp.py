@@ -29,11 +29,14 @@ class Qwen3MTPBlock(Qwen3DecoderLayer):
         super().__init__(spec.hidden_size, spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim,
                          spec.intermediate_size, spec.rms_norm_eps, spec.attention_bias)
         rotary_dim = int(spec.head_dim * spec.partial_rotary_factor)
-        self.register_buffer("inv_freq", rope_inv_freq(rotary_dim, spec.rope_theta), persistent=False)
+        # A plain attribute, not a buffer: frequencies stay fp32 when the block is cast to bf16.
+        self._inv_freq = rope_inv_freq(rotary_dim, spec.rope_theta)
         self.num_kv_heads, self.head_dim = spec.num_key_value_heads, spec.head_dim
 
     def forward(self, x, positions, mask, cache: KVCache | None = None):
-        cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
+        if self._inv_freq.device != x.device:
+            self._inv_freq = self._inv_freq.to(x.device)
+        cos, sin = rope_cos_sin(positions, self._inv_freq, x.dtype)
         return super().forward(x, cos, sin, mask, cache=cache, positions=positions)
 
     def new_cache(self, batch: int, max_len: int, dtype, device) -> KVCache:
