@@ -232,8 +232,7 @@ class SpecDecoder:
     def _ensure_state(self, batch: int, need_len: int, max_new: int, sampling: SamplingConfig) -> DecodeState:
         st = self.st
         reuse = (st is not None and st.batch == batch and st.max_len >= need_len and st.max_new_cap >= max_new
-                 and st.sampling.uses_draft_probs == sampling.uses_draft_probs
-                 and (self.use_graphs or st.max_len == need_len))
+                 and st.sampling.uses_draft_probs == sampling.uses_draft_probs)
         if reuse:
             st.sampling = sampling
             return st
@@ -354,7 +353,10 @@ class SpecDecoder:
             ids = list(range(start, min(n_req, start + batch_size)))
             chunk = [prompts[i] for i in ids]
             t_batch = time.perf_counter()
-            st = self._ensure_state(self._bucket(len(chunk)), max(map(len, chunk)) + max_new_tokens + 6 * (self.num_candidates + 1) + 2,
+            # Graphs: one bucket for every chunk (a short last chunk gets padding rows) so that the
+            # captured graphs are reused; eager: exactly the chunk's size.
+            rows = self._bucket(batch_size) if self.use_graphs else len(chunk)
+            st = self._ensure_state(rows, max(map(len, chunk)) + max_new_tokens + 6 * (self.num_candidates + 1) + 2,
                                     max_new_tokens, sampling)
             st.generator = cpu_gen
             st.request_ids = ids + [ids[0]] * (st.batch - len(ids))

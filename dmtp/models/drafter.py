@@ -14,6 +14,8 @@ each with its own anchor) and decoding (one block): a block query sees
 Blocks never see each other, so running N blocks in one call equals N calls with one block each.
 
 Parameter names equal the published DFlash tensor names, so `state_dict()` keys are the checkpoint keys.
+DFlash2 (`dmtp.models.dflash2`) subclasses the drafter; `save_drafter`/`load_drafter` handle both, and the
+generic hooks `auxiliary_loss` and `propose` let callers treat every drafter alike.
 """
 from __future__ import annotations
 
@@ -31,7 +33,12 @@ from dmtp.models.qwen3 import Qwen3DecoderLayer, RMSNorm, attend, init_linear_, 
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
-_DRAFTER_PREFIXES = ("fc.", "hidden_norm.", "norm.", "layers.")
+_DRAFTER_PREFIXES = ("fc.", "hidden_norm.", "norm.", "layers.", "candidate_selector.")
+DFLASH_ARCH, DFLASH2_ARCH = "DFlashDraftModel", "DFlash2DraftModel"
+_DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+# DFlash2 training options (dmtp's own; written under dflash_config, absent from published configs).
+_SELECTOR_TRAINING_DEFAULTS = {"selector_alpha": 1.0, "selector_warmup_steps": 0, "selector_ramp_steps": 0,
+                               "selector_gold_outside_topk": "replace"}
 
 
 @dataclass
@@ -57,6 +64,16 @@ class DFlashConfig:
     output_multiplier: float = 1.0
     final_logit_softcapping: float = 0.0
     input_embedding_scale: float = 1.0
+    # DFlash2 only (all None for DFlash v1): conv taps and channels per group; selector rank and top-K.
+    conv_kernel_size: int | None = None
+    conv_group_size: int | None = None
+    selector_rank: int | None = None
+    selector_top_k: int | None = None
+    # DFlash2 selector training (None for v1; defaults filled in for DFlash2).
+    selector_alpha: float | None = None
+    selector_warmup_steps: int | None = None
+    selector_ramp_steps: int | None = None
+    selector_gold_outside_topk: str | None = None  # "replace" | "skip"
 
     def __post_init__(self):
         self.target_layer_ids = [int(i) for i in self.target_layer_ids]
@@ -71,6 +88,40 @@ class DFlashConfig:
             raise ValueError(f"layer_types must be '{FULL}' or '{SLIDING}', got {self.layer_types}")
         if any(not 0 <= i < self.num_target_layers for i in self.target_layer_ids):
             raise ValueError(f"target_layer_ids {self.target_layer_ids} out of range for {self.num_target_layers} target layers")
+        self._check_dflash2()
+
+    @property
+    def architecture(self) -> str:
+        """The published architecture name: DFlash2 when its fields are set."""
+        return DFLASH2_ARCH if self.conv_kernel_size is not None else DFLASH_ARCH
+
+    def _check_dflash2(self) -> None:
+        given = [k for k in _DFLASH2_KEYS if getattr(self, k) is not None]
+        if not given:
+            extra = [k for k in _SELECTOR_TRAINING_DEFAULTS if getattr(self, k) is not None]
+            if extra:
+                raise ValueError(f"{extra[0]} is a DFlash2 option, but the DFlash2 fields {_DFLASH2_KEYS} are unset")
+            return
+        if len(given) != len(_DFLASH2_KEYS):
+            missing = [k for k in _DFLASH2_KEYS if k not in given]
+            raise ValueError(f"DFlash2 needs {', '.join(_DFLASH2_KEYS)}; missing {', '.join(missing)}")
+        for k in _DFLASH2_KEYS:
+            setattr(self, k, int(getattr(self, k)))
+            if getattr(self, k) < 1:
+                raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
+        if self.hidden_size % self.conv_group_size:
+            raise ValueError(f"conv_group_size {self.conv_group_size} must divide hidden_size {self.hidden_size}")
+        if self.selector_top_k > self.vocab_size:
+            raise ValueError(f"selector_top_k {self.selector_top_k} exceeds vocab_size {self.vocab_size}")
+        for k, default in _SELECTOR_TRAINING_DEFAULTS.items():
+            if getattr(self, k) is None:
+                setattr(self, k, default)
+        self.selector_alpha = float(self.selector_alpha)
+        self.selector_warmup_steps, self.selector_ramp_steps = int(self.selector_warmup_steps), int(self.selector_ramp_steps)
+        if self.selector_alpha < 0 or self.selector_warmup_steps < 0 or self.selector_ramp_steps < 0:
+            raise ValueError("selector_alpha, selector_warmup_steps and selector_ramp_steps must be >= 0")
+        if self.selector_gold_outside_topk not in ("replace", "skip"):
+            raise ValueError(f"selector_gold_outside_topk must be 'replace' or 'skip', got {self.selector_gold_outside_topk!r}")
 
     @property
     def default_context_dim(self) -> int:
@@ -93,8 +144,10 @@ class DFlashConfig:
         }
         if self.context_dim != self.default_context_dim:
             dflash["context_dim"] = self.context_dim
+        if self.architecture == DFLASH2_ARCH:
+            dflash.update({k: getattr(self, k) for k in (*_DFLASH2_KEYS, *_SELECTOR_TRAINING_DEFAULTS)})
         d = {
-            "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+            "architectures": [self.architecture], "model_type": "qwen3",
             "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
             "num_hidden_layers": self.num_hidden_layers, "num_attention_heads": self.num_attention_heads,
             "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim,
@@ -132,6 +185,12 @@ class DFlashConfig:
         if mask_id is None:
             raise ValueError("config has no mask_token_id (top level or dflash_config)")
         rope_theta = (d.get("rope_parameters") or {}).get("rope_theta", d.get("rope_theta", 1e6))
+        dflash2 = {}
+        if DFLASH2_ARCH in (d.get("architectures") or []):
+            missing = [k for k in _DFLASH2_KEYS if pick(k) is None]
+            if missing:
+                raise ValueError(f"{DFLASH2_ARCH} config lacks dflash_config.{missing[0]}")
+            dflash2 = {k: pick(k) for k in (*_DFLASH2_KEYS, *_SELECTOR_TRAINING_DEFAULTS)}
         return cls(
             hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"], num_hidden_layers=n_layers,
             num_attention_heads=d["num_attention_heads"],
@@ -144,7 +203,7 @@ class DFlashConfig:
             sliding_window=d.get("sliding_window"), is_causal=d.get("is_causal"),
             output_multiplier=float(pick("output_multiplier", 1.0)),
             final_logit_softcapping=float(pick("final_logit_softcapping", 0.0) or 0.0),
-            input_embedding_scale=float(pick("input_embedding_scale", 1.0)),
+            input_embedding_scale=float(pick("input_embedding_scale", 1.0)), **dflash2,
         )
 
 
@@ -205,13 +264,20 @@ class DFlashDrafter(nn.Module):
         c = self.config = config
         self.fc = nn.Linear(c.context_dim, c.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.layers = nn.ModuleList(
-            DFlashLayer(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
-                        c.intermediate_size, c.rms_norm_eps) for _ in range(c.num_hidden_layers))
+        self.layers = nn.ModuleList(self._make_layer(i) for i in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self._inv_freq: dict[torch.device, torch.Tensor] = {}  # not a buffer: state_dict stays = checkpoint
         if not self.fc.weight.is_meta:  # load_drafter builds on "meta" and assigns the stored tensors
             init_linear_(self)
+
+    def _make_layer(self, layer_idx: int) -> nn.Module:
+        c = self.config
+        return DFlashLayer(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                           c.intermediate_size, c.rms_norm_eps)
+
+    def _layer_inputs(self, noise_positions: torch.Tensor, block_ids: torch.Tensor) -> dict:
+        """Extra keyword inputs every layer gets (computed once per forward); none for DFlash v1."""
+        return {}
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype):
         dev = positions.device
@@ -242,12 +308,13 @@ class DFlashDrafter(nn.Module):
         Returns hidden states [B, Q, H] after the final norm."""
         cos, sin = self._rope(noise_positions, noise_embeds.dtype)
         masks: dict[tuple, torch.Tensor] = {}
+        extra = self._layer_inputs(noise_positions, block_ids)
         x = noise_embeds
         for i, layer in enumerate(self.layers):
             key = (self.config.is_causal_for(i), self.config.window_for(i))
             if key not in masks:
                 masks[key] = dflash_attention_mask(noise_positions, ctx_positions, ctx_limit, block_ids, *key)
-            x = layer(x, cos, sin, ctx_kv[i][0], ctx_kv[i][1], masks[key])
+            x = layer(x, cos, sin, ctx_kv[i][0], ctx_kv[i][1], masks[key], **extra)
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
@@ -259,6 +326,42 @@ class DFlashDrafter(nn.Module):
         if c > 0:
             out = c * torch.tanh(out / c)
         return out
+
+    # -- generic hooks: the LightningModule and the decoding loop call these for every drafter ----------
+    auxiliary_loss_name: str | None = None  # what `auxiliary_loss` is logged as (None: it is always 0)
+
+    def auxiliary_loss(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor, labels: torch.Tensor,
+                       prev_tokens: torch.Tensor, weights: torch.Tensor, step: int | None = None,
+                       logits: torch.Tensor | None = None) -> torch.Tensor:
+        """Extra training loss on top of the position-decayed CE (already normalised by sum(weights)).
+        hidden [..., n, H]; labels/prev_tokens/weights [..., n]: gold token, the gold token before it,
+        loss weight; `step` the optimizer step; `logits` optionally the precomputed `logits(hidden)`.
+        DFlash v1 has none: an exact zero."""
+        return torch.zeros((), device=hidden.device)
+
+    def propose(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor, first_prev: torch.Tensor,
+                temperature: float = 0.0, generator: torch.Generator | None = None):
+        """Candidates for the predicted slots: hidden [..., n, H], first_prev [...] (the token just before
+        the first predicted slot) -> (tokens [..., n], q [..., n, V] or None). Greedy: argmax of `logits`,
+        q None. temperature > 0: independent samples from softmax(logits / T), q those distributions."""
+        logits = self.logits(hidden, lm_head_weight)
+        if temperature <= 0:
+            return logits.argmax(-1), None
+        q = torch.softmax(logits.float() / temperature, dim=-1)
+        tokens = torch.multinomial(q.reshape(-1, q.shape[-1]), 1, generator=generator).view(q.shape[:-1])
+        return tokens, q
+
+
+def drafter_class(config: DFlashConfig) -> type[DFlashDrafter]:
+    """The module class of a config's architecture (DFlash v1 or DFlash2)."""
+    if config.architecture == DFLASH2_ARCH:
+        from dmtp.models.dflash2 import DFlash2Drafter  # dflash2 builds on this module
+        return DFlash2Drafter
+    return DFlashDrafter
+
+
+def build_drafter_from_config(config: DFlashConfig) -> DFlashDrafter:
+    return drafter_class(config)(config)
 
 
 def save_drafter(path, drafter: DFlashDrafter, extra_tensors: dict[str, torch.Tensor] | None = None,
@@ -281,8 +384,10 @@ def save_drafter(path, drafter: DFlashDrafter, extra_tensors: dict[str, torch.Te
 
 
 def load_drafter(path, dtype: torch.dtype = torch.float32):
-    """Returns (drafter, extra_tensors, extra_config). Strict on drafter tensors: a missing, unexpected
-    (under fc./hidden_norm./norm./layers.) or mis-shaped tensor raises ValueError. Other keys are extras."""
+    """Returns (drafter, extra_tensors, extra_config). config.json's `architectures` picks the class
+    (DFlashDraftModel or DFlash2DraftModel; anything else loads as DFlash v1). Strict on drafter tensors:
+    a missing, unexpected (under fc./hidden_norm./norm./layers./candidate_selector.) or mis-shaped tensor
+    raises ValueError. Other keys are extras."""
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"drafter directory not found: {path}")
@@ -294,7 +399,7 @@ def load_drafter(path, dtype: torch.dtype = torch.float32):
         raw = json.load(f)
     config = DFlashConfig.from_hf_config(raw)
     with torch.device("meta"):
-        drafter = DFlashDrafter(config)
+        drafter = drafter_class(config)(config)
     expected = {k: v.shape for k, v in drafter.state_dict().items()}
     state, extras = {}, {}
     with safe_open(w_path, framework="pt") as f:
@@ -316,5 +421,5 @@ def load_drafter(path, dtype: torch.dtype = torch.float32):
     return drafter, extras, raw.get("dmtp") or {}
 
 
-__all__ = ["DFlashConfig", "DFlashDrafter", "DFlashLayer", "build_target_layer_ids", "dflash_attention_mask",
-           "save_drafter", "load_drafter"]
+__all__ = ["DFlashConfig", "DFlashDrafter", "DFlashLayer", "DFLASH_ARCH", "DFLASH2_ARCH", "build_target_layer_ids",
+           "dflash_attention_mask", "drafter_class", "build_drafter_from_config", "save_drafter", "load_drafter"]
