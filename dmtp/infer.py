@@ -110,13 +110,14 @@ def method_needs_mtp(method: str, injection=None) -> bool:
 
 def decode_workloads(decoders: dict[str, SpecDecoder], workloads: dict[str, list[list[int]]], *, max_new_tokens: int,
                      sampling: SamplingConfig, batch_size: int, seed: int = 0, warmup: bool = True,
-                     progress: bool = False) -> dict:
+                     progress: bool = False, previous: dict | None = None) -> dict:
     """Run every decoder on every workload. Returns {"workloads": {wl: {method: summary}},
-    "overall": {method: summary}, "results": {(wl, method): DecodeResult}}."""
-    per_wl: dict[str, dict] = {}
-    results = {}
+    "overall": {method: summary}, "results": {(wl, method): DecodeResult}}. With `previous` (an earlier
+    return value), the new workloads are added to it and "overall" covers all of them."""
+    per_wl: dict[str, dict] = dict(previous["workloads"]) if previous else {}
+    results = dict(previous["results"]) if previous else {}
     for name, dec in decoders.items():
-        if warmup:
+        if warmup and previous is None:
             first = next(iter(workloads.values()))
             graphs = dec.use_graphs
             dec.generate(first[:batch_size], max_new_tokens=max_new_tokens if graphs else min(8, max_new_tokens),
@@ -126,10 +127,7 @@ def decode_workloads(decoders: dict[str, SpecDecoder], workloads: dict[str, list
                                seed=seed, progress=progress)
             results[(wl, name)] = res
             per_wl.setdefault(wl, {})[name] = res.summary()
-    overall = {}
-    for name in decoders:
-        merged = _merge([results[(wl, name)] for wl in workloads])
-        overall[name] = merged
+    overall = {name: _merge([results[(wl, name)] for wl in per_wl]) for name in decoders}
     return {"workloads": per_wl, "overall": overall, "results": results}
 
 
@@ -264,12 +262,31 @@ def run(cfg) -> dict:
 
     if cfg.eval.name == "embedded":
         workloads = embedded_prompts(tokenizer, list(cfg.eval.domains), cfg.num_prompts, cfg.eval.prompt_tokens)
+        requests = []
     else:
-        _, workloads = eval_set_prompts(tokenizer, cfg.eval.name, cfg.eval.path, cfg.num_prompts)
+        requests, workloads = eval_set_prompts(tokenizer, cfg.eval.name, cfg.eval.path, cfg.num_prompts)
     sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                               verification=cfg.verification)
-    metrics = decode_workloads(decoders, workloads, max_new_tokens=cfg.max_new_tokens, sampling=sampling,
-                               batch_size=cfg.batch_size, seed=cfg.seed, warmup=cfg.warmup, progress=cfg.progress)
+    decode = dict(max_new_tokens=cfg.max_new_tokens, sampling=sampling, batch_size=cfg.batch_size, seed=cfg.seed,
+                  progress=cfg.progress)
+    metrics = decode_workloads(decoders, workloads, warmup=cfg.warmup, **decode)
+    # Multi-turn sets (MT-Bench): turn t+1 carries the model's own answers so far. Every method gets the
+    # same follow-up prompts (built from the first method's answers; identical for all at temperature 0).
+    wl_name = next(iter(workloads), None)
+    rows = list(range(len(requests)))          # request index of each row of workload `wl_name`
+    answers: dict[int, list[str]] = {i: [] for i in rows}
+    turn = 1
+    while decoders and any(len(requests[i].turns) > turn for i in rows):
+        from dmtp.data.evalsets import build_turn_prompts
+
+        prev = metrics["results"][(wl_name, next(iter(decoders)))].tokens
+        for row, i in enumerate(rows):
+            answers[i].append(tokenizer.decode(prev[row], skip_special_tokens=True))
+        rows = [i for i in rows if len(requests[i].turns) > turn]
+        turn += 1
+        wl_name = f"{cfg.eval.name}_turn{turn}"
+        workloads[wl_name] = [build_turn_prompts(tokenizer, requests[i], answers[i]) for i in rows]
+        metrics = decode_workloads(decoders, {wl_name: workloads[wl_name]}, previous=metrics, **decode)
     add_comparisons(metrics, greedy=sampling.greedy)
     first = next(iter(decoders.values())) if decoders else None
     metrics["run"] = {
@@ -280,6 +297,9 @@ def run(cfg) -> dict:
         "cuda_graphs": bool(first and first.use_graphs), "runner": first.runner.kind if first else None,
         "attention": getattr(first.runner, "attention", None) if first else None,
     }
+    from omegaconf import OmegaConf
+
+    metrics["config"] = OmegaConf.to_container(cfg, resolve=False)
     text = report(metrics)
     print(text)
     out_dir = Path(cfg.output_dir)

@@ -6,7 +6,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
@@ -57,8 +56,12 @@ def test_infer_run_writes_metrics(tmp_path, micro_target_dir, micro_target, caps
     out = tmp_path / "run"
     cfg = _compose([f"target.path={micro_target_dir}", f"drafter.path={drafter}", f"output_dir={out}", "num_prompts=2",
                     "max_new_tokens=12", "batch_size=2", "eval.prompt_tokens=16", "progress=false"])
+    before = torch.get_num_threads()
     torch.set_num_threads(1)
-    run(cfg)
+    try:
+        run(cfg)
+    finally:
+        torch.set_num_threads(before)
     metrics = json.loads((out / "metrics.json").read_text())
     assert set(metrics["overall"]) == {"ar", "mtp415", "dual_anchor_zero_init"}
     assert set(metrics["workloads"]) == {"code", "prose", "math"}
@@ -91,3 +94,20 @@ def test_drafter_shorthand():
         "drafter.path=/a/b", "batch_size=2", "drafter.injection=x"]
     cfg = _compose(cli_shorthands(["drafter=/a/b", "output_dir=/tmp/x"]))
     assert cfg.drafter.path == "/a/b"
+
+
+def test_infer_mtbench_second_turn_uses_own_answer(tmp_path, micro_target_dir):
+    qs = tmp_path / "question.jsonl"
+    qs.write_text("\n".join(json.dumps({"question_id": i, "category": "writing",
+                                        "turns": [f"Write about topic {i}.", "Now make it shorter."]})
+                            for i in range(2)) + "\n")
+    out = tmp_path / "run"
+    cfg = _compose([f"target.path={micro_target_dir}", "methods=[ar,mtp415]", "eval.name=mtbench",
+                    f"eval.path={qs}", f"output_dir={out}", "max_new_tokens=8", "batch_size=2", "progress=false",
+                    "warmup=false"])
+    run(cfg)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert list(metrics["workloads"]) == ["mtbench", "mtbench_turn2"]
+    assert metrics["run"]["num_prompts"] == {"mtbench": 2, "mtbench_turn2": 2}
+    assert metrics["overall"]["mtp415"]["matches_ar"] == 1.0
+    assert len(metrics["overall"]["ar"]["per_request"]) == 4

@@ -45,7 +45,9 @@ def greedy_reference(target, prompt, n):
         for _ in range(n):
             nxt = int(out.logits[0, -1].argmax())
             out_ids.append(nxt)
-            out = target.hf(input_ids=torch.tensor([[nxt]]), cache=out.past_key_values, use_cache=True)
+            past = out["cache"] if "cache" in out else out["past_key_values"]  # transformers >= 5.2x / older
+            kw = {"cache": past} if "cache" in out else {"past_key_values": past}
+            out = target.hf(input_ids=torch.tensor([[nxt]]), use_cache=True, **kw)
     return out_ids
 
 

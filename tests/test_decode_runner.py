@@ -135,3 +135,42 @@ def test_generic_fallback_decodes_losslessly():
         for _ in range(12):
             seq.append(int(target(torch.tensor([seq])).logits[0, -1].argmax()))
         assert out == seq[len(p):]
+
+
+def _tiny_family(kind):
+    import transformers
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False)
+    if kind == "llama":  # Llama-3 RoPE scaling and biases everywhere
+        cfg = transformers.LlamaConfig(**common, attention_bias=True, mlp_bias=True,
+                                       rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                        "original_max_position_embeddings": 16})
+        model = transformers.LlamaForCausalLM(cfg)
+    else:  # Qwen2: q/k/v biases, no q/k norms
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common))
+    with torch.no_grad():  # non-trivial norms and biases
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return TargetModel(model.eval())
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_fast_runner_other_dense_families(family):
+    target = _tiny_family(family)
+    assert fast_runner_unsupported(target) is None
+    runner = FastTargetRunner(target, [0, 2])
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]]
+    ids, lens = _padded(prompts)
+    runner.allocate(2, 32)
+    out = runner.prefill(ids, lens)
+    block = torch.tensor([[20, 21, 22], [30, 31, 32]])
+    ver = runner.verify(block)
+    for b, p in enumerate(prompts):
+        ref = _ref(target, p + block[b].tolist(), [0, 2])
+        _close(out.logits[b, :len(p)], ref.logits[0, :len(p)])
+        _close(ver.logits[b], ref.logits[0, -3:])
+        _close(ver.layer_hidden[b], ref.layer_hidden[0, -3:])

@@ -28,7 +28,6 @@ Python::
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dmtp.models.qwen3 import KVCache, Qwen3DecoderLayer, cache_mask
+from dmtp.models.qwen3 import KVCache, Qwen3DecoderLayer
 from dmtp.models.target import TargetModel, TargetOutput
 
 FAST_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral")

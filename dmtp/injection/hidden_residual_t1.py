@@ -1,4 +1,6 @@
 """Hidden residual on T1: slots [E(T1) + r, MASK x6], r = LowRankMLP(h_mtp)."""
+import torch
+
 from dmtp.injection.base import Injection, LowRankResidual
 
 
@@ -11,4 +13,4 @@ class HiddenResidualT1(Injection):
     def build_slots(self, embed, anchor, t1, h_mtp):
         slots = self.t1_and_masks(embed, t1)
         r = self.residual(h_mtp).to(slots.dtype)
-        return slots + r[:, None] * slots.new_tensor([1.0] + [0.0] * (slots.shape[1] - 1))[None, :, None]
+        return torch.cat([slots[:, :1] + r[:, None], slots[:, 1:]], dim=1)

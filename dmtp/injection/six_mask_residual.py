@@ -1,4 +1,6 @@
 """Six-mask residual: slots [T1, MASK + r x6], the same low-rank residual added to the MASK inputs."""
+import torch
+
 from dmtp.injection.base import Injection, LowRankResidual
 
 
@@ -11,4 +13,4 @@ class SixMaskResidual(Injection):
     def build_slots(self, embed, anchor, t1, h_mtp):
         slots = self.t1_and_masks(embed, t1)
         r = self.residual(h_mtp).to(slots.dtype)
-        return slots + r[:, None] * slots.new_tensor([0.0] + [1.0] * (slots.shape[1] - 1))[None, :, None]
+        return torch.cat([slots[:, :1], slots[:, 1:] + r[:, None]], dim=1)

@@ -1,7 +1,9 @@
-"""Build a fresh DFlash drafter sized to a target (Hydra: conf/drafter/*.yaml, instantiated partially)."""
+"""Build a fresh DFlash or DFlash2 drafter sized to a target (Hydra: conf/drafter/*.yaml, instantiated partially)."""
 from __future__ import annotations
 
-from dmtp.models.drafter import DFlashConfig, DFlashDrafter, build_target_layer_ids
+from dmtp.models.drafter import DFlashConfig, DFlashDrafter, build_drafter_from_config, build_target_layer_ids
+
+ARCHITECTURES = ("dflash", "dflash2")
 
 
 def mask_token_id_of(tokenizer, vocab_size: int) -> int:
@@ -16,8 +18,21 @@ def mask_token_id_of(tokenizer, vocab_size: int) -> int:
 def build_drafter(target, context_dim: int, mask_token_id: int, num_layers: int = 1,
                   target_layer_ids: list[int] | None = None, num_target_features: int | None = None,
                   block_size: int = 8, layer_types: list[str] | None = None, sliding_window: int | None = None,
-                  is_causal: bool | None = None, intermediate_size: int | None = None) -> DFlashDrafter:
-    """Same width and heads as the target (its embedding and LM head are reused); `num_layers` deep."""
+                  is_causal: bool | None = None, intermediate_size: int | None = None,
+                  architecture: str = "dflash", output_multiplier: float = 1.0, final_logit_softcapping: float = 0.0,
+                  conv_kernel_size: int = 2, conv_group_size: int = 16, selector_rank: int = 32,
+                  selector_top_k: int = 8, selector_alpha: float = 1.0, selector_warmup_steps: int = 0,
+                  selector_ramp_steps: int = 0, selector_gold_outside_topk: str = "replace") -> DFlashDrafter:
+    """Same width and heads as the target (its embedding and LM head are reused); `num_layers` deep.
+    `architecture` dflash | dflash2; the conv_*/selector_* options apply to dflash2 only."""
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"drafter architecture must be one of {', '.join(ARCHITECTURES)}, got {architecture!r}")
+    dflash2 = {}
+    if architecture == "dflash2":
+        dflash2 = dict(conv_kernel_size=conv_kernel_size, conv_group_size=conv_group_size, selector_rank=selector_rank,
+                       selector_top_k=selector_top_k, selector_alpha=selector_alpha,
+                       selector_warmup_steps=selector_warmup_steps, selector_ramp_steps=selector_ramp_steps,
+                       selector_gold_outside_topk=selector_gold_outside_topk)
     cfg = target.config
     n_target = cfg.num_hidden_layers
     if target_layer_ids is None:
@@ -32,5 +47,6 @@ def build_drafter(target, context_dim: int, mask_token_id: int, num_layers: int 
         block_size=block_size, context_dim=context_dim, rms_norm_eps=cfg.rms_norm_eps,
         rope_theta=float(rope.get("rope_theta", getattr(cfg, "rope_theta", 1e6))),
         max_position_embeddings=cfg.max_position_embeddings, layer_types=layer_types,
-        sliding_window=sliding_window, is_causal=is_causal)
-    return DFlashDrafter(config)
+        sliding_window=sliding_window, is_causal=is_causal, output_multiplier=float(output_multiplier),
+        final_logit_softcapping=float(final_logit_softcapping or 0.0), **dflash2)
+    return build_drafter_from_config(config)

@@ -67,7 +67,10 @@ class DMTPModule(L.LightningModule):
                                     if not k.startswith(FROZEN_PREFIXES)}
 
     # -- the loss ---------------------------------------------------------------------------------
-    def block_loss(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, generator=None):
+    def block_loss(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, generator=None, step: int | None = None):
+        """(loss, per-position accuracy, number of supervised slots). The loss is the position-decayed CE
+        plus the drafter's own `auxiliary_loss` (0 for DFlash v1; DFlash2's selector term, scheduled by
+        `step`), which is also kept in `self.last_auxiliary_loss`."""
         inj = self.injection
         feats = teacher_features(self.target, self.mtp, inj, self.layer_ids, input_ids)
         anchors, keep = sample_anchors(valid_anchors(inj, loss_mask), self.num_anchors, generator)
@@ -89,14 +92,24 @@ class DMTPModule(L.LightningModule):
         weights = decay_weights(pos.shape[-1], self.loss_gamma, pos.device) * mask
         ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view_as(weights)
         loss = (ce * weights).sum() / weights.sum().clamp(min=1e-6)
+        # Each predicted slot's predecessor is the token one position earlier on the gold path: the slot
+        # before the first prediction holds A (raw_dflash) or T1 (= the data token x_{a+1} in training).
+        first_prev = input_ids.gather(1, (pos[..., 0] - 1).clamp(min=0, max=t - 1))
+        prev = torch.cat([first_prev[..., None], labels[..., :-1]], dim=-1)
+        aux = self.drafter.auxiliary_loss(hidden, self.target.lm_head.weight, labels, prev, weights,
+                                          step=step, logits=logits)
+        self.last_auxiliary_loss = aux.detach()
+        loss = loss + aux
         correct = (logits.argmax(-1) == labels) & mask
         acc = correct.flatten(0, 1).sum(0) / mask.flatten(0, 1).sum(0).clamp(min=1)
         return loss, acc, mask.sum()
 
     def training_step(self, batch, batch_idx):
-        loss, acc, n = self.block_loss(batch["input_ids"], batch["loss_mask"])
+        loss, acc, n = self.block_loss(batch["input_ids"], batch["loss_mask"], step=self.global_step)
         bs = batch["input_ids"].shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=bs)
+        if self.drafter.auxiliary_loss_name:
+            self.log(f"train/{self.drafter.auxiliary_loss_name}", self.last_auxiliary_loss, batch_size=bs)
         first = self.injection.first_predicted_slot + self.injection.first_slot_offset
         for k, a in enumerate(acc.tolist()):
             self.log(f"train/acc_pos{first + k}", a, batch_size=bs)
@@ -107,7 +120,7 @@ class DMTPModule(L.LightningModule):
     def validation_step(self, batch, batch_idx, dataloader_idx: int = 0):
         domain = batch["domain"][0] if isinstance(batch["domain"], list) else batch["domain"]
         gen = torch.Generator(device=batch["input_ids"].device).manual_seed(1234 + batch_idx)
-        loss, acc, _ = self.block_loss(batch["input_ids"], batch["loss_mask"], generator=gen)
+        loss, acc, _ = self.block_loss(batch["input_ids"], batch["loss_mask"], generator=gen, step=self.global_step)
         bs = batch["input_ids"].shape[0]
         self.log(f"val/{domain}/loss", loss, batch_size=bs, add_dataloader_idx=False)
         self.log(f"val/{domain}/acc_first", acc[0], batch_size=bs, add_dataloader_idx=False)

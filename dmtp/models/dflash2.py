@@ -1,0 +1,250 @@
+"""DFlash2 block drafter: DFlash plus grouped dynamic causal convolutions and a candidate-path selector.
+
+Backbone, context path, masks, block layout and checkpoint format are DFlash's (`dmtp.models.drafter`).
+DFlash2 adds two things (reference/dflash.md §4):
+
+* In every layer, `attention_conv` and `mlp_conv`: a per-position, per-channel-group causal
+  convolution over the block stream. From a sublayer input u (the layer-norm output) at slot t,
+  `kernel_projection(u_t)` gives, per side s in {0, 1}, tap o < K and channel group g, a correction
+  d_t[s, o, g] to the learned `base_kernel[s, o, c]`. Side s mixes a stream z as
+      conv_s(z)_t[c] = sum_o (base[s, o, c] + d_t[s, o, g(c)]) * z_{t-o}[c],
+  with g(c) = c // conv_group_size (contiguous groups). Side 0 is applied to the sublayer's input and
+  side 1 to its output, both with the coefficients from that one sublayer input:
+      x1 = x  + conv_1(Attn(conv_0(LN1(x)), ctx))
+      y  = x1 + conv'_1(MLP(conv'_0(LN2(x1))))
+  Taps that reach before the first slot of the block or into another block (a different block id in
+  a flattened multi-block layout) contribute zero, so blocks stay independent and slot t never sees a
+  later slot through the convolution. The context rows are never convolved. A fresh conv is an exact
+  identity: base tap 0 = 1, other taps 0, kernel_projection = 0.
+
+* `candidate_selector`: a rank-r bilinear correction over the top-K candidates of the (transformed)
+  unary logits at each predicted slot i,
+      score_{i,k} = u_{i,k} + < E_p[prev_i] * (W_h h_i), E_s[c_{i,k}] >,
+  where prev_i is the token chosen (decoding) or the gold token (training) before slot i. The
+  successor codebook starts at zero, so a fresh selector proposes exactly DFlash's argmax.
+
+Training (`auxiliary_loss`): alpha(step) * sum_i w_i * CE_K(score_i, gold_i) / sum_i w_i, the K-way
+cross-entropy with teacher-forced predecessors. A gold token outside the unary top-K either replaces
+the weakest candidate with its own unary score (`selector_gold_outside_topk: replace`, the SpecForge
+PR #772 rule; every weighted slot is then trained) or gets no selector term (`skip`, the later strict
+top-K rule; the denominator is still sum w, as in the joint loss [sum w CE + alpha sum w CE_sel] / sum w).
+alpha is 0 for `selector_warmup_steps` optimizer steps, then ramps linearly to `selector_alpha` over
+`selector_ramp_steps` steps.
+
+Decoding (`propose`): greedy walks the slots in order, picking the best-scoring of the K candidates
+given the previously chosen token (prev_1 = the token before the first predicted slot). At T > 0 each
+slot samples from softmax(score / T) over its K candidates; the proposal distribution is returned
+scattered back onto the full vocabulary, for rejection sampling.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dmtp.models.drafter import DFLASH2_ARCH, DFlashConfig, DFlashDrafter, DFlashLayer
+from dmtp.models.qwen3 import attend
+
+
+def causal_conv_taps(block_ids: torch.Tensor, kernel_size: int) -> torch.Tensor:
+    """[B, T] block ids -> [B, T, K] bool: tap o of slot t is live iff slot t-o exists and is in the
+    same block (so taps never cross a block boundary or reach before a block's first slot)."""
+    b, t = block_ids.shape
+    taps = torch.zeros(b, t, kernel_size, dtype=torch.bool, device=block_ids.device)
+    taps[..., 0] = True
+    for o in range(1, min(kernel_size, t)):
+        taps[:, o:, o] = block_ids[:, o:] == block_ids[:, :-o]
+    return taps
+
+
+class GroupedDynamicCausalConv(nn.Module):
+    """`base_kernel` [2, K, H] (side, tap, channel) + `kernel_projection` H -> 2*K*G (G = H / group)."""
+
+    def __init__(self, hidden_size: int, kernel_size: int, group_size: int):
+        super().__init__()
+        if hidden_size % group_size:
+            raise ValueError(f"conv_group_size {group_size} must divide hidden_size {hidden_size}")
+        self.hidden_size, self.kernel_size, self.group_size = hidden_size, kernel_size, group_size
+        self.num_groups = hidden_size // group_size
+        self.base_kernel = nn.Parameter(torch.empty(2, kernel_size, hidden_size))
+        self.kernel_projection = nn.Linear(hidden_size, 2 * kernel_size * self.num_groups, bias=False)
+        if not self.base_kernel.is_meta:
+            self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """The identity: tap 0 weighs the current slot by 1, every other tap and the projection are 0."""
+        self.base_kernel.zero_()
+        self.base_kernel[:, 0] = 1.0
+        nn.init.zeros_(self.kernel_projection.weight)
+
+    def kernels(self, u: torch.Tensor) -> torch.Tensor:
+        """u [B, T, H] (the sublayer input) -> per-slot kernels [B, T, 2, K, H]."""
+        k, g, gs = self.kernel_size, self.num_groups, self.group_size
+        d = self.kernel_projection(u).view(*u.shape[:-1], 2, k, g, 1)
+        base = self.base_kernel.to(d.dtype).view(2, k, g, gs)
+        return (base + d).flatten(-2)
+
+    @staticmethod
+    def mix(z: torch.Tensor, kernel: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
+        """z [B, T, H], kernel [B, T, K, H] (one side), taps [B, T, K] -> sum_o kernel_o * z_{t-o}."""
+        t = z.shape[1]
+        out = kernel[:, :, 0] * z
+        for o in range(1, min(kernel.shape[2], t)):
+            shifted = F.pad(z[:, : t - o], (0, 0, o, 0))
+            shifted = torch.where(taps[:, :, o, None], shifted, torch.zeros_like(shifted))
+            out = out + kernel[:, :, o] * shifted
+        return out
+
+
+class DFlash2Layer(DFlashLayer):
+    """A DFlash layer with dynamic causal convolutions on both sides of attention and of the MLP."""
+
+    def __init__(self, hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size, eps,
+                 kernel_size: int, group_size: int):
+        super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size, eps)
+        self.attention_conv = GroupedDynamicCausalConv(hidden_size, kernel_size, group_size)
+        self.mlp_conv = GroupedDynamicCausalConv(hidden_size, kernel_size, group_size)
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask, conv_taps):
+        attn, conv = self.self_attn, self.attention_conv
+        h = self.input_layernorm(x)
+        kern = conv.kernels(h)
+        h = conv.mix(h, kern[:, :, 0], conv_taps)
+        q = attn.project_q(h, cos, sin)
+        k, v = attn.project_kv(h, cos, sin)
+        k, v = torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)
+        x = x + conv.mix(attn.output(attend(q, k, v, mask)), kern[:, :, 1], conv_taps)
+        conv = self.mlp_conv
+        h = self.post_attention_layernorm(x)
+        kern = conv.kernels(h)
+        return x + conv.mix(self.mlp(conv.mix(h, kern[:, :, 0], conv_taps)), kern[:, :, 1], conv_taps)
+
+
+class CandidateSelector(nn.Module):
+    """`predecessor_codebook` E_p [V, r], `successor_codebook` E_s [V, r], `hidden_projection` W_h [r, H]."""
+
+    def __init__(self, vocab_size: int, rank: int, hidden_size: int, init_std: float = 0.02):
+        super().__init__()
+        self.init_std = init_std
+        self.predecessor_codebook = nn.Parameter(torch.empty(vocab_size, rank))
+        self.successor_codebook = nn.Parameter(torch.empty(vocab_size, rank))
+        self.hidden_projection = nn.Linear(hidden_size, rank, bias=False)
+        if not self.predecessor_codebook.is_meta:
+            self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """E_p ~ N(0, std), W_h ~ N(0, std), E_s = 0: the selector starts as a no-op."""
+        nn.init.normal_(self.predecessor_codebook, std=self.init_std)
+        nn.init.normal_(self.hidden_projection.weight, std=self.init_std)
+        nn.init.zeros_(self.successor_codebook)
+
+    def query(self, hidden: torch.Tensor) -> torch.Tensor:
+        """W_h h: [..., H] -> [..., r] (fp32)."""
+        return self.hidden_projection(hidden).float()
+
+    def scores(self, unary: torch.Tensor, candidates: torch.Tensor, prev: torch.Tensor,
+               query: torch.Tensor) -> torch.Tensor:
+        """unary/candidates [..., K], prev [...], query [..., r] -> u + <E_p[prev] * query, E_s[c]> [..., K]."""
+        left = F.embedding(prev, self.predecessor_codebook).float() * query            # [..., r]
+        right = F.embedding(candidates, self.successor_codebook).float()               # [..., K, r]
+        return unary.float() + (right @ left[..., None]).squeeze(-1)
+
+
+class DFlash2Drafter(DFlashDrafter):
+    """DFlash2: DFlash2Layers (convolutions) and a candidate selector; same inputs, outputs and layout."""
+
+    auxiliary_loss_name = "selector_loss"
+
+    def __init__(self, config: DFlashConfig):
+        if config.architecture != DFLASH2_ARCH:
+            raise ValueError("DFlash2Drafter needs conv_kernel_size, conv_group_size, selector_rank and "
+                             "selector_top_k in its config")
+        super().__init__(config)
+        c = config
+        self.candidate_selector = CandidateSelector(c.vocab_size, c.selector_rank, c.hidden_size)
+        if not self.fc.weight.is_meta:
+            for layer in self.layers:  # init_linear_ in DFlashDrafter drew the projections: back to identity
+                layer.attention_conv.reset_parameters()
+                layer.mlp_conv.reset_parameters()
+
+    def _make_layer(self, layer_idx: int) -> nn.Module:
+        c = self.config
+        return DFlash2Layer(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                            c.intermediate_size, c.rms_norm_eps, c.conv_kernel_size, c.conv_group_size)
+
+    def _layer_inputs(self, noise_positions: torch.Tensor, block_ids: torch.Tensor) -> dict:
+        return {"conv_taps": causal_conv_taps(block_ids, self.config.conv_kernel_size)}
+
+    # -- selector ---------------------------------------------------------------------------------------
+    def selector_alpha_at(self, step: int | None) -> float:
+        """alpha: 0 during warm-up, then a linear ramp to `selector_alpha`; full alpha when step is None."""
+        c = self.config
+        if step is None:
+            return c.selector_alpha
+        step = int(step)
+        if step < c.selector_warmup_steps:
+            return 0.0
+        if c.selector_ramp_steps > 0:
+            return c.selector_alpha * min(1.0, (step - c.selector_warmup_steps + 1) / c.selector_ramp_steps)
+        return c.selector_alpha
+
+    def candidates(self, logits: torch.Tensor):
+        """Top-K of the transformed unary logits [..., V] -> (scores [..., K] fp32, token ids [..., K])."""
+        u, c = logits.float().topk(self.config.selector_top_k, dim=-1)
+        return u, c
+
+    def auxiliary_loss(self, hidden, lm_head_weight, labels, prev_tokens, weights, step=None, logits=None):
+        """alpha(step) * sum w * CE_K(selector scores, gold) / sum w, predecessors teacher-forced."""
+        alpha = self.selector_alpha_at(step)
+        if alpha == 0.0:
+            return torch.zeros((), device=hidden.device)
+        if logits is None:
+            logits = self.logits(hidden, lm_head_weight)
+        logits = logits.float()
+        u, cand = self.candidates(logits)                                    # [..., n, K]
+        k = cand.shape[-1]
+        hit = cand == labels[..., None]
+        covered = hit.any(-1)
+        target = hit.long().argmax(-1)                                       # gold's rank (0 when absent)
+        if self.config.selector_gold_outside_topk == "replace":
+            weakest = torch.zeros_like(hit)
+            weakest[..., -1] = True
+            swap = weakest & ~covered[..., None]
+            cand = torch.where(swap, labels[..., None], cand)
+            u = torch.where(swap, logits.gather(-1, labels[..., None]), u)
+            target = torch.where(covered, target, torch.full_like(target, k - 1))
+            live = torch.ones_like(covered)
+        else:  # skip: no selector CE where the gold token is outside the unary top-K
+            live = covered
+        sel = self.candidate_selector
+        scores = sel.scores(u, cand, prev_tokens, sel.query(hidden))
+        ce = F.cross_entropy(scores.reshape(-1, k), target.reshape(-1), reduction="none").view_as(target)
+        w = weights.float()
+        return alpha * (ce * w * live).sum() / w.sum().clamp(min=1e-6)
+
+    def propose(self, hidden, lm_head_weight, first_prev, temperature=0.0, generator=None):
+        """Sequential selector path over the top-K candidates (see module docstring). hidden [..., n, H],
+        first_prev [...] -> (tokens [..., n], q [..., n, V] fp32 or None when greedy)."""
+        u, cand = self.candidates(self.logits(hidden, lm_head_weight))
+        sel = self.candidate_selector
+        query = sel.query(hidden)
+        prev = first_prev
+        tokens, qs = [], []
+        for i in range(hidden.shape[-2]):
+            s = sel.scores(u[..., i, :], cand[..., i, :], prev, query[..., i, :])
+            if temperature <= 0:
+                pick = s.argmax(-1)
+            else:
+                p = torch.softmax(s / temperature, dim=-1)
+                pick = torch.multinomial(p.reshape(-1, p.shape[-1]), 1, generator=generator).view(p.shape[:-1])
+                full = torch.zeros(*p.shape[:-1], self.config.vocab_size, dtype=p.dtype, device=p.device)
+                qs.append(full.scatter(-1, cand[..., i, :], p))
+            prev = cand[..., i, :].gather(-1, pick[..., None]).squeeze(-1)
+            tokens.append(prev)
+        q = torch.stack(qs, dim=-2) if qs else None
+        return torch.stack(tokens, dim=-1), q
+
+
+__all__ = ["CandidateSelector", "DFlash2Drafter", "DFlash2Layer", "GroupedDynamicCausalConv", "causal_conv_taps"]
