@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from dmtp.models.dflash2 import DFlash2Drafter, GroupedDynamicCausalConv, causal_conv_taps
@@ -128,7 +127,8 @@ def test_round_trip_keeps_names_config_and_outputs(tmp_path):
     assert (dc["conv_kernel_size"], dc["conv_group_size"], dc["selector_rank"], dc["selector_top_k"]) == (2, 8, 6, K)
     assert (dc["output_multiplier"], dc["final_logit_softcapping"]) == (0.5, 3.0)
     d2, extras, meta = load_drafter(tmp_path)
-    assert type(d2) is DFlash2Drafter and d2.config == d.config and meta == {"x": 1} and set(extras) == {"dmtp_injection.w"}
+    assert type(d2) is DFlash2Drafter and d2.config == d.config
+    assert meta == {"x": 1} and set(extras) == {"dmtp_injection.w"}
     feats, ctx_pos, noise = inputs(d)
     pos, bid, lim = blocks(ANCHORS)
     lm_head = torch.randn(V, H)

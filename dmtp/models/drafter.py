@@ -117,11 +117,13 @@ class DFlashConfig:
             if getattr(self, k) is None:
                 setattr(self, k, default)
         self.selector_alpha = float(self.selector_alpha)
-        self.selector_warmup_steps, self.selector_ramp_steps = int(self.selector_warmup_steps), int(self.selector_ramp_steps)
+        self.selector_warmup_steps = int(self.selector_warmup_steps)
+        self.selector_ramp_steps = int(self.selector_ramp_steps)
         if self.selector_alpha < 0 or self.selector_warmup_steps < 0 or self.selector_ramp_steps < 0:
             raise ValueError("selector_alpha, selector_warmup_steps and selector_ramp_steps must be >= 0")
         if self.selector_gold_outside_topk not in ("replace", "skip"):
-            raise ValueError(f"selector_gold_outside_topk must be 'replace' or 'skip', got {self.selector_gold_outside_topk!r}")
+            raise ValueError("selector_gold_outside_topk must be 'replace' or 'skip', "
+                             f"got {self.selector_gold_outside_topk!r}")
 
     @property
     def default_context_dim(self) -> int:
