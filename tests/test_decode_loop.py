@@ -198,15 +198,16 @@ def test_finished_requests_stop_advancing(micro_target, prompts, continuations):
 class _Recording(DrafterProposer):
     def propose_stages(self, st):
         stages = super().propose_stages(st)
-        inner = self.dstate.draft_logits
+        inner = self.dstate.draft
         self.log = getattr(self, "log", [])
 
-        def draft_logits(anchor_pos):
-            logits = inner(anchor_pos)
-            self.log.append((anchor_pos.clone(), self.t1.clone(), logits.clone(), st.done.clone()))
-            return logits
+        def draft(anchor_pos, first_prev, sampler):
+            def recording(logits):  # a DFlash v1 drafter scores the whole vocabulary once per block
+                self.log.append((anchor_pos.clone(), self.t1.clone(), logits.clone(), st.done.clone()))
+                return sampler(logits)
+            return inner(anchor_pos, first_prev, recording)
 
-        self.dstate.draft_logits = draft_logits
+        self.dstate.draft = draft
         return stages
 
 

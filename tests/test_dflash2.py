@@ -447,3 +447,31 @@ def sample_anchors_for(module, ids, mask, step):
 
     return sample_anchors(valid_anchors(module.injection, mask), module.num_anchors,
                           torch.Generator().manual_seed(step))
+
+
+@pytest.mark.parametrize("name", ["raw_dflash", "dual_anchor_zero_init"])
+def test_dflash2_decoding_is_lossless_and_uses_the_selector(micro_target, micro_mtp, name):
+    """DFlash2 inside the one loop: exact greedy output at batch 1, 3 and 8, selector path included."""
+    from dmtp.decode import SpecDecoder, build_proposer
+    from dmtp.injection.io import make_injection
+    from dmtp.models.dflash2 import DFlash2Drafter
+    from dmtp.models.drafter import DFlashConfig, build_target_layer_ids
+
+    cfg = micro_target.config
+    ids = build_target_layer_ids(cfg.num_hidden_layers, 1)
+    inj = make_injection(name, cfg.hidden_size, len(ids), 3)
+    dcfg = DFlashConfig(hidden_size=cfg.hidden_size, intermediate_size=64, num_hidden_layers=1,
+                        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+                        head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, num_target_layers=cfg.num_hidden_layers,
+                        target_layer_ids=ids, mask_token_id=3, context_dim=inj.context_dim,
+                        conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=4)
+    torch.manual_seed(0)
+    drafter = DFlash2Drafter(dcfg).eval()
+    with torch.no_grad():
+        drafter.candidate_selector.successor_codebook.normal_(std=0.5)   # make the selector matter
+    prompts = [[5 + i, 40 + 3 * i, 77, 12 + i, 9] for i in range(8)]
+    ref = SpecDecoder(micro_target, build_proposer("ar", micro_target)).generate(prompts, max_new_tokens=20)
+    proposer = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter, injection=inj)
+    for batch in (1, 3, 8):
+        res = SpecDecoder(micro_target, proposer).generate(prompts, max_new_tokens=20, batch_size=batch)
+        assert res.tokens == ref.tokens

@@ -133,14 +133,17 @@ class DrafterState:
     def build(self, anchor: torch.Tensor, t1: torch.Tensor | None, h_mtp: torch.Tensor | None) -> None:
         self.slots.copy_(self.injection.build_slots(self.embed, anchor, t1, h_mtp))
 
-    def draft_logits(self, anchor_pos: torch.Tensor) -> torch.Tensor:
-        """Logits [B, num_drafter_candidates, V] of the predicted slots; context strictly before A."""
+    def draft(self, anchor_pos: torch.Tensor, first_prev: torch.Tensor, sampler):
+        """Tokens [B, num_drafter_candidates] (and q when sampling) for the predicted slots; context
+        strictly before A. The drafter itself turns its hidden states into candidates (`propose`:
+        argmax per slot for DFlash, the candidate selector's path for DFlash2)."""
         inj = self.injection
         positions = inj.slot_positions(anchor_pos)
         limit = anchor_pos[:, None].expand(-1, inj.num_slots)
         ctx_kv = [(c.k, c.v) for c in self.caches]
         hidden = self.drafter(self.slots, positions, ctx_kv, self.ctx_positions, limit, self.block_ids)
-        return self.drafter.logits(hidden[:, inj.first_predicted_slot:], self.lm_head_weight)
+        return self.drafter.propose(hidden[:, inj.first_predicted_slot:], self.lm_head_weight, first_prev,
+                                    sampler=sampler)
 
 
 class Proposer:
@@ -266,7 +269,8 @@ class DrafterProposer(Proposer):
             d.build(st.anchor, t1, h)
 
         def draft():
-            tok, q = pick_tokens(d.draft_logits(st.target_lengths()), st)
+            first_prev = self.t1 if inj.uses_mtp else st.anchor   # the token before the first predicted slot
+            tok, q = d.draft(st.target_lengths(), first_prev, lambda scores: pick_tokens(scores, st))
             if inj.uses_mtp:
                 st.candidates[:, :1].copy_(self.t1[:, None])
                 st.candidates[:, 1:].copy_(tok)

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dmtp.models.drafter import DFLASH2_ARCH, DFlashConfig, DFlashDrafter, DFlashLayer
+from dmtp.models.drafter import default_sampler, DFLASH2_ARCH, DFlashConfig, DFlashDrafter, DFlashLayer
 from dmtp.models.qwen3 import attend
 
 
@@ -224,9 +224,11 @@ class DFlash2Drafter(DFlashDrafter):
         w = weights.float()
         return alpha * (ce * w * live).sum() / w.sum().clamp(min=1e-6)
 
-    def propose(self, hidden, lm_head_weight, first_prev, temperature=0.0, generator=None):
+    def propose(self, hidden, lm_head_weight, first_prev, temperature=0.0, generator=None, sampler=None):
         """Sequential selector path over the top-K candidates (see module docstring). hidden [..., n, H],
-        first_prev [...] -> (tokens [..., n], q [..., n, V] fp32 or None when greedy)."""
+        first_prev [...] -> (tokens [..., n], q [..., n, V] fp32 or None when greedy). `sampler` as in
+        DFlashDrafter.propose, applied to the K selector scores of each position in turn."""
+        sampler = sampler or default_sampler(temperature, generator)
         u, cand = self.candidates(self.logits(hidden, lm_head_weight))
         sel = self.candidate_selector
         query = sel.query(hidden)
@@ -234,11 +236,8 @@ class DFlash2Drafter(DFlashDrafter):
         tokens, qs = [], []
         for i in range(hidden.shape[-2]):
             s = sel.scores(u[..., i, :], cand[..., i, :], prev, query[..., i, :])
-            if temperature <= 0:
-                pick = s.argmax(-1)
-            else:
-                p = torch.softmax(s / temperature, dim=-1)
-                pick = torch.multinomial(p.reshape(-1, p.shape[-1]), 1, generator=generator).view(p.shape[:-1])
+            pick, p = sampler(s)
+            if p is not None:
                 full = torch.zeros(*p.shape[:-1], self.config.vocab_size, dtype=p.dtype, device=p.device)
                 qs.append(full.scatter(-1, cand[..., i, :], p))
             prev = cand[..., i, :].gather(-1, pick[..., None]).squeeze(-1)

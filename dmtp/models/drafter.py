@@ -342,16 +342,25 @@ class DFlashDrafter(nn.Module):
         return torch.zeros((), device=hidden.device)
 
     def propose(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor, first_prev: torch.Tensor,
-                temperature: float = 0.0, generator: torch.Generator | None = None):
+                temperature: float = 0.0, generator: torch.Generator | None = None, sampler=None):
         """Candidates for the predicted slots: hidden [..., n, H], first_prev [...] (the token just before
-        the first predicted slot) -> (tokens [..., n], q [..., n, V] or None). Greedy: argmax of `logits`,
-        q None. temperature > 0: independent samples from softmax(logits / T), q those distributions."""
-        logits = self.logits(hidden, lm_head_weight)
+        the first predicted slot) -> (tokens [..., n], q [..., n, V] or None).
+
+        `sampler(scores [..., C]) -> (index [...], probs [..., C] or None)` picks among C scored options
+        (the decoding loop passes its graph-safe sampler with the run's temperature/top-k/top-p);
+        without one: argmax at temperature 0, else a softmax(scores / T) sample."""
+        sampler = sampler or default_sampler(temperature, generator)
+        return sampler(self.logits(hidden, lm_head_weight))
+
+
+def default_sampler(temperature: float = 0.0, generator: torch.Generator | None = None):
+    def pick(scores: torch.Tensor):
         if temperature <= 0:
-            return logits.argmax(-1), None
-        q = torch.softmax(logits.float() / temperature, dim=-1)
-        tokens = torch.multinomial(q.reshape(-1, q.shape[-1]), 1, generator=generator).view(q.shape[:-1])
-        return tokens, q
+            return scores.argmax(-1), None
+        q = torch.softmax(scores.float() / temperature, dim=-1)
+        idx = torch.multinomial(q.reshape(-1, q.shape[-1]), 1, generator=generator).view(q.shape[:-1])
+        return idx, q
+    return pick
 
 
 def drafter_class(config: DFlashConfig) -> type[DFlashDrafter]:

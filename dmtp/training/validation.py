@@ -33,7 +33,8 @@ def candidate_matches(target, mtp, drafter, injection, layer_ids, input_ids: tor
             g = feats.mtp_hidden.gather(1, anchors[..., None].expand(-1, -1, feats.mtp_hidden.shape[-1]))
             t1 = mtp.logits(g).argmax(-1)                       # the MTP's own first candidate
         hidden = draft_blocks(drafter, injection, embed_w, feats, anchors, keep, t1)
-        drafted = drafter.logits(hidden, target.lm_head.weight).argmax(-1)   # [B, n, n_pred]
+        first_prev = t1 if t1 is not None else input_ids.gather(1, anchors)
+        drafted, _ = drafter.propose(hidden, target.lm_head.weight, first_prev)   # [B, n, n_pred], greedy
         cands = drafted if t1 is None else torch.cat([t1[..., None], drafted], dim=-1)
         cands = cands[..., :BLOCK_CANDIDATES]
         pos = anchors[..., None] + torch.arange(1, cands.shape[-1] + 1, device=input_ids.device)
