@@ -45,6 +45,14 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return table[name]
 
 
+def _drafter_target(drafter_dir: Path | None) -> str | None:
+    """The target a dmtp-trained drafter records in its config (if that checkpoint still exists)."""
+    if drafter_dir is None or not (Path(drafter_dir) / "config.json").exists():
+        return None
+    path = json.loads((Path(drafter_dir) / "config.json").read_text()).get("dmtp", {}).get("target")
+    return path if path and Path(path).is_dir() else None
+
+
 def find_latest_drafter(roots=("outputs", "logs"), base: str | Path | None = None) -> Path | None:
     """The newest `<root>/**/drafter/config.json` (by modification time) under the working directory."""
     base = Path(base or Path.cwd())
@@ -229,8 +237,11 @@ def run(cfg) -> dict:
             print(NO_DRAFTER_MESSAGE)
             sys.exit(1)
 
+    trained_on = _drafter_target(drafter_dir)
     if cfg.target.path:
         target_path = cfg.target.path
+    elif trained_on:
+        target_path = trained_on   # the target the drafter was trained against
     else:
         from dmtp.tiny.build import ensure_tiny_target
 
