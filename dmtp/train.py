@@ -107,7 +107,13 @@ def train(cfg: DictConfig) -> dict:
                           train_config=OmegaConf.to_container(cfg, resolve=False))
         summary["drafter"] = str(drafter_dir)
         (output_dir / "train_metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
-        (output_dir / "metrics.json").write_text(json.dumps(flat_metrics(cfg, summary), indent=2) + "\n")
+        record = flat_metrics(cfg, summary)
+        if cfg.get("decode_eval") and cfg.decode_eval.enabled:
+            from dmtp.training.evaluate import decode_after_training
+
+            opts = {k: v for k, v in cfg.decode_eval.items() if k != "enabled"}
+            record.update(decode_after_training(target, module.mtp, module.drafter, module.injection, tokenizer, **opts))
+        (output_dir / "metrics.json").write_text(json.dumps(record, indent=2) + "\n")
         print(f"[dmtp] drafter ({summary['injection']}) exported to {drafter_dir}")
         print(f"[dmtp] checkpoints in {output_dir / 'checkpoints'}; TensorBoard logs: tensorboard --logdir {output_dir}")
         print(f"[dmtp] decode with it: python -m dmtp.infer drafter={drafter_dir}")

@@ -21,11 +21,11 @@ def test_two_variant_multirun_aggregates(tmp_path):
     report = sweep / "report"          # written by the on_multirun_end callback
     table = (report / "results.md").read_text()
     for job in jobs:
-        tau = job["walk/math/tau"]
-        assert f"{tau:.3f}" in table
+        assert job["math/tau"] >= 1.0 and 0.0 <= job["math/t1_accept"] <= 1.0   # decoded with the one loop
+        assert f"{job['math/tau']:.3f}" in table and f"{job['walk/math/tau']:.3f}" in table
     rows = list(csv.DictReader((report / "results.csv").open()))
     assert len(rows) == 2 and {r["injection"] for r in rows} == {"raw_dflash", "dual_anchor_zero_init"}
-    for png in ("acceptance_length.png", "t1_acceptance.png", "p_len_ge_walk_math.png"):
+    for png in ("acceptance_length.png", "t1_acceptance.png", "p_len_ge_walk_math.png", "p_len_ge_math.png"):
         assert (report / png).stat().st_size > 1000
     assert "+" in table or "-" in table  # the change vs raw DFlash column is filled
 

@@ -1,0 +1,38 @@
+"""After training, decode the embedded held-out prompts with the one loop (sweep jobs): the trained
+drafter and, for comparison in the same process, target-only AR. Returns flat `<domain>/<metric>` keys
+for metrics.json."""
+from __future__ import annotations
+
+from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
+from dmtp.infer import decode_workloads, embedded_prompts
+
+
+def flat_decode_metrics(summary: dict, prefix: str) -> dict:
+    out = {f"{prefix}/tau": summary["tau_per_request"], f"{prefix}/tau_verify": summary["tau_per_verify"],
+           f"{prefix}/t1_accept": summary["t1_accept"], f"{prefix}/tok_s": summary["tokens_per_s"]}
+    for k, p in enumerate(summary["p_len_ge"], 1):
+        out[f"{prefix}/p_len_ge_{k}"] = p
+    for k, p in enumerate(summary["p_cond"], 1):
+        out[f"{prefix}/p_cond_{k}"] = p
+    for stage, ms in (summary.get("stage_ms_per_round") or {}).items():
+        out[f"{prefix}/ms_{stage}"] = ms
+    return out
+
+
+def decode_after_training(target, mtp, drafter, injection, tokenizer, domains=("code", "prose", "math"),
+                          num_prompts: int = 8, prompt_tokens: int = 64, max_new_tokens: int = 64,
+                          batch_size: int = 4, compare_ar: bool = True) -> dict:
+    drafter.eval(), injection.eval()
+    workloads = embedded_prompts(tokenizer, list(domains), num_prompts, prompt_tokens)
+    decoders = {"drafter": SpecDecoder(target, build_proposer("drafter", target, mtp=mtp, drafter=drafter,
+                                                              injection=injection), eos_token_id=tokenizer.eos_token_id)}
+    if compare_ar:
+        decoders["ar"] = SpecDecoder(target, build_proposer("ar", target), eos_token_id=tokenizer.eos_token_id)
+    out = decode_workloads(decoders, workloads, max_new_tokens=max_new_tokens, sampling=SamplingConfig(),
+                           batch_size=batch_size)
+    metrics = {}
+    for domain, per_method in out["workloads"].items():
+        metrics.update(flat_decode_metrics(per_method["drafter"], domain))
+        if compare_ar:
+            metrics[f"{domain}/speedup_vs_ar"] = per_method["drafter"]["tokens_per_s"] / per_method["ar"]["tokens_per_s"]
+    return metrics
