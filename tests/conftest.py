@@ -1,10 +1,18 @@
 """Shared fixtures: the `micro` embedded target, built once and cached under $DMTP_HOME."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from dmtp.tiny.build import ensure_tiny_target
+
+
+def pytest_configure(config):
+    # The test models are tiny: extra intra-op threads only add OpenMP overhead (and contention when
+    # another process shares the cores). Building the micro target is the exception (see below).
+    torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -19,7 +27,11 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def micro_target_dir():
     """Path of the micro target (Qwen3 + `mtp.*`), built in well under a minute the first time."""
-    return ensure_tiny_target("micro", progress=False)
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    try:
+        return ensure_tiny_target("micro", progress=False)
+    finally:
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

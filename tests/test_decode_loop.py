@@ -13,14 +13,6 @@ from dmtp.models.target import load_tokenizer
 MAX_NEW = 32
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def tokenizer(micro_target_dir):
     return load_tokenizer(micro_target_dir)

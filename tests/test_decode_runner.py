@@ -11,14 +11,6 @@ LAYERS = [1, 3]  # 3 is the last layer: its tap is post-norm, as transformers' h
 ATOL = 2e-5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _ref(target, seq, layer_ids=LAYERS):
     return target(torch.tensor([seq]), layer_ids=layer_ids)
 

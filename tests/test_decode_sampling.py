@@ -19,14 +19,6 @@ N_SAMPLES = 1000
 STEPS = 3
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def prompt(micro_target_dir):
     tok = load_tokenizer(micro_target_dir)

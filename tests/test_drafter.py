@@ -12,14 +12,6 @@ from dmtp.models.drafter import (DFlashConfig, DFlashDrafter, build_target_layer
 H, V, BS, S = 32, 64, 4, 20
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matmuls: extra intra-op threads only add contention on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 ANCHORS = [3, 8, 14]
 
 

@@ -25,14 +25,6 @@ V = 50          # vocab of every tiny checkpoint
 T = 8           # sequence length of the forward checks (MTP rows 1..T-1)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """These tensors are tiny: intra-op threads only add OpenMP contention on a shared 2-core machine
-    (measured: ~20-35 s with the default threads under load vs ~5 s with one)."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
 
 
 # ----------------------------------------------------------------------------------------------------
