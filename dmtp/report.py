@@ -21,6 +21,7 @@ INTERFACES = {
     "mtp_context_only": "ctx [MTP] H->H", "fusion_t1": "[F(T1,h), MASK x6]",
     "dual_anchor_fusion": "[A, F(T1,h), MASK x6]", "dual_anchor_zero_init": "[A, E(T1)+D, MASK x6]",
     "ar": "target only", "mtp415": "MTP x4 chained",
+    "raw_dflash+dflash2": "DFlash2 [A, MASK x7]", "dual_anchor_zero_init+dflash2": "DFlash2 [A, E(T1)+D, MASK x6]",
 }
 
 

@@ -15,6 +15,7 @@ from hydra.utils import instantiate as hydra_instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from dmtp.injection.io import load_dmtp_drafter, save_dmtp_drafter, variant_name
+from dmtp.models.drafter import DFLASH_ARCH
 from dmtp.models.drafter_factory import mask_token_id_of
 from dmtp.models.mtp_loading import MTPLoadError, load_native_mtp
 from dmtp.models.target import load_tokenizer
@@ -70,8 +71,9 @@ def build_components(cfg: DictConfig):
 
 def flat_metrics(cfg: DictConfig, summary: dict) -> dict:
     """One flat record per job for sweep aggregation: identity + exact walk acceptance per domain."""
-    out = {"method": summary["injection"], "injection": summary["injection"], "seed": cfg.seed,
-           "global_step": summary["global_step"]}
+    arch = "" if summary["drafter_arch"] == DFLASH_ARCH else "+dflash2"
+    out = {"method": summary["injection"] + arch, "injection": summary["injection"],
+           "drafter_arch": summary["drafter_arch"], "seed": cfg.seed, "global_step": summary["global_step"]}
     for key, value in summary.items():
         if key.startswith("val/") and key.count("/") == 2:
             _, domain, name = key.split("/")
@@ -99,7 +101,8 @@ def train(cfg: DictConfig) -> dict:
     trainer.fit(module, datamodule=data, ckpt_path=cfg.ckpt_path)
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
-    summary = {"injection": variant_name(module.injection), "global_step": trainer.global_step,
+    summary = {"injection": variant_name(module.injection), "drafter_arch": module.drafter.config.architecture,
+               "global_step": trainer.global_step,
                "target": target.path, **metrics}
     if trainer.is_global_zero and not trainer.fast_dev_run:
         drafter_dir = output_dir / "drafter"
