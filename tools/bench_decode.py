@@ -131,6 +131,8 @@ def main(argv=None) -> dict:
     decoders = {m: SpecDecoder(target, build_proposer(m, target, mtp=mtp), eos_token_id=eos, cuda_graphs=graphs)
                 for m in ("ar", "mtp415")}
     for drafter, inj, name in drafters:
+        if drafter.config.architecture != "DFlashDraftModel":
+            name = f"{name}+dflash2"
         label = name if name not in decoders else f"{name}#{len(decoders)}"
         decoders[label] = SpecDecoder(target, build_proposer("drafter", target, mtp=mtp, drafter=drafter, injection=inj,
                                                              name=label), eos_token_id=eos, cuda_graphs=graphs)
