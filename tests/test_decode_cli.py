@@ -10,22 +10,13 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from dmtp.infer import NO_DRAFTER_MESSAGE, find_latest_drafter, run
-from dmtp.injection.io import make_injection, save_dmtp_drafter
-from dmtp.models.drafter import DFlashConfig, DFlashDrafter, build_target_layer_ids
+from dmtp.injection.io import fresh_drafter_for, save_dmtp_drafter
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
 
 def _save_drafter(target, path, name="dual_anchor_zero_init"):
-    cfg = target.config
-    torch.manual_seed(0)
-    ids = build_target_layer_ids(cfg.num_hidden_layers, 1)
-    inj = make_injection(name, cfg.hidden_size, len(ids), 3)
-    dcfg = DFlashConfig(hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size, num_hidden_layers=1,
-                        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
-                        head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, num_target_layers=cfg.num_hidden_layers,
-                        target_layer_ids=ids, mask_token_id=3, context_dim=inj.context_dim)
-    save_dmtp_drafter(path, DFlashDrafter(dcfg), inj)
+    save_dmtp_drafter(path, *fresh_drafter_for(target, name, 3))
     return path
 
 

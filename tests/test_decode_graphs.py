@@ -5,8 +5,7 @@ import torch
 
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
 from dmtp.decode.target_runner import FastTargetRunner, flash_attn_available
-from dmtp.injection.io import make_injection
-from dmtp.models.drafter import DFlashConfig, DFlashDrafter, build_target_layer_ids
+from dmtp.injection.io import fresh_drafter_for
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -15,18 +14,8 @@ PROMPTS = [[17, 45, 300, 12, 9, 81, 77, 5, 40], [210, 11, 61, 400, 8], [33, 90, 
 
 
 def _drafter(target, name, device="cpu", dtype=torch.float32):
-    cfg = target.config
-    torch.manual_seed(0)
-    ids = build_target_layer_ids(cfg.num_hidden_layers, 1)
-    inj = make_injection(name, cfg.hidden_size, len(ids), 3)
-    dcfg = DFlashConfig(hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size, num_hidden_layers=1,
-                        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
-                        head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, num_target_layers=cfg.num_hidden_layers,
-                        target_layer_ids=ids, mask_token_id=3, context_dim=inj.context_dim)
-    with torch.no_grad():
-        for p in inj.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    return DFlashDrafter(dcfg).to(device, dtype).eval(), inj.to(device, dtype).eval()
+    drafter, inj = fresh_drafter_for(target, name, 3, perturb=0.05)
+    return drafter.to(device, dtype), inj.to(device, dtype)
 
 
 def _proposer(target, mtp, method, device="cpu", dtype=torch.float32):

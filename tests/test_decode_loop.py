@@ -6,8 +6,7 @@ import torch
 from dmtp.data.corpora import documents
 from dmtp.decode import DrafterProposer, ScriptedProposer, SpecDecoder, build_proposer
 from dmtp.injection import VARIANTS
-from dmtp.injection.io import make_injection
-from dmtp.models.drafter import DFlashConfig, DFlashDrafter, build_target_layer_ids
+from dmtp.injection.io import fresh_drafter_for
 from dmtp.models.target import load_tokenizer
 
 MAX_NEW = 32
@@ -69,20 +68,7 @@ def eos_and_refs(continuations):
 
 
 def make_drafter(target, name, seed=0, perturb=False):
-    cfg = target.config
-    torch.manual_seed(seed)
-    ids = build_target_layer_ids(cfg.num_hidden_layers, 1)
-    injection = make_injection(name, cfg.hidden_size, len(ids), 3)  # <|mask|> = 3 in the embedded tokenizer
-    dcfg = DFlashConfig(hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size, num_hidden_layers=1,
-                        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
-                        head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, num_target_layers=cfg.num_hidden_layers,
-                        target_layer_ids=ids, mask_token_id=3, context_dim=injection.context_dim)
-    drafter = DFlashDrafter(dcfg).eval()
-    if perturb:  # make every injected path matter (zero-init fusion included)
-        with torch.no_grad():
-            for p in injection.parameters():
-                p.add_(0.05 * torch.randn_like(p))
-    return drafter, injection.eval()
+    return fresh_drafter_for(target, name, 3, seed=seed, perturb=0.05 if perturb else 0.0)  # <|mask|> = 3
 
 
 def test_mask_token_id(tokenizer):

@@ -29,19 +29,10 @@ from dmtp.infer import (decode_workloads, embedded_prompts, find_latest_drafter,
 
 
 def random_drafter(target, name: str, mask_token_id: int, device, dtype, seed: int = 0):
-    from dmtp.injection.io import make_injection
-    from dmtp.models.drafter import DFlashConfig, DFlashDrafter, build_target_layer_ids
+    from dmtp.injection.io import fresh_drafter_for
 
-    cfg = target.config
-    torch.manual_seed(seed)
-    ids = build_target_layer_ids(cfg.num_hidden_layers, 1)
-    inj = make_injection(name, cfg.hidden_size, len(ids), mask_token_id)
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    dcfg = DFlashConfig(hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size, num_hidden_layers=1,
-                        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
-                        head_dim=head_dim, vocab_size=cfg.vocab_size, num_target_layers=cfg.num_hidden_layers,
-                        target_layer_ids=ids, mask_token_id=mask_token_id, context_dim=inj.context_dim)
-    return DFlashDrafter(dcfg).to(device, dtype).eval(), inj.to(device, dtype).eval(), name
+    drafter, inj = fresh_drafter_for(target, name, mask_token_id, seed=seed)
+    return drafter.to(device, dtype), inj.to(device, dtype), name
 
 
 @torch.no_grad()

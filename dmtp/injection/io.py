@@ -53,3 +53,20 @@ def load_dmtp_drafter(path: str | Path, dtype: torch.dtype = torch.float32, inje
     if name == saved_name:
         module.load_state_dict(state, strict=True)
     return drafter, module.to(dtype), meta
+
+
+def fresh_drafter_for(target, name: str, mask_token_id: int, seed: int = 0, num_layers: int = 1,
+                      perturb: float = 0.0) -> tuple[DFlashDrafter, Injection]:
+    """An untrained drafter + injection sized to `target` (tests, benchmark plumbing): one tapped
+    layer (the middle one), the target's widths. `perturb` adds noise to the injection's weights so
+    that every injected path (zero-init fusion included) changes the drafter's output."""
+    from dmtp.models.drafter_factory import build_drafter
+
+    torch.manual_seed(seed)
+    injection = make_injection(name, target.config.hidden_size, 1, mask_token_id)
+    drafter = build_drafter(target, injection.context_dim, mask_token_id, num_layers=num_layers, num_target_features=1)
+    if perturb:
+        with torch.no_grad():
+            for p in injection.parameters():
+                p.add_(perturb * torch.randn_like(p))
+    return drafter.eval(), injection.eval()
