@@ -10,6 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from dmtp.models.dflash2 import DFlash2Drafter, GroupedDynamicCausalConv, causal_conv_taps
 from dmtp.models.drafter import DFlashConfig, DFlashDrafter, load_drafter, save_drafter
+from tests.test_drafter import blocks, run  # the same flattened multi-block inputs as the v1 tests
 
 H, V, BS, S, K = 32, 40, 4, 20, 4
 ANCHORS = [3, 8, 14]
@@ -36,18 +37,6 @@ def make_drafter(seed=0, trained=False, **kw) -> DFlash2Drafter:
             elif trained and ("_conv." in name or name.startswith("candidate_selector.")):
                 p.add_(0.3 * torch.randn_like(p))
     return d
-
-
-def blocks(anchors, batch=1):
-    pos = torch.tensor([a + k for a in anchors for k in range(BS)]).expand(batch, -1)
-    bid = torch.tensor([j for j in range(len(anchors)) for _ in range(BS)]).expand(batch, -1)
-    lim = torch.tensor([a for a in anchors for _ in range(BS)]).expand(batch, -1)
-    return pos, bid, lim
-
-
-def run(d, feats, ctx_pos, noise, pos, bid, lim):
-    with torch.no_grad():
-        return d(noise, pos, d.context_kv(d.project_context(feats), ctx_pos), ctx_pos, lim, bid)
 
 
 def inputs(d, batch=1, seed=1):
