@@ -18,6 +18,7 @@ from pathlib import Path
 import hydra
 import torch
 
+from dmtp.cli import one_line_errors
 from dmtp.decode.loop import SamplingConfig, SpecDecoder, build_proposer
 from dmtp.decode.metrics import format_table
 
@@ -323,7 +324,8 @@ def run(cfg) -> dict:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="infer")
 def _hydra_main(cfg) -> None:
-    run(cfg)
+    with one_line_errors("dmtp.infer"):
+        run(cfg)
 
 
 def cli_shorthands(argv: list[str]) -> list[str]:

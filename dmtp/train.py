@@ -14,6 +14,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate as hydra_instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from dmtp.cli import one_line_errors
 from dmtp.injection.io import load_dmtp_drafter, save_dmtp_drafter, variant_name
 from dmtp.models.drafter import DFLASH_ARCH
 from dmtp.models.drafter_factory import mask_token_id_of
@@ -125,7 +126,8 @@ def train(cfg: DictConfig) -> dict:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    summary = train(cfg)
+    with one_line_errors("dmtp.train"):
+        summary = train(cfg)
     return summary.get("val/tau")
 
 

@@ -38,9 +38,11 @@ def build_drafter(target, context_dim: int, mask_token_id: int, num_layers: int 
     if target_layer_ids is None:
         target_layer_ids = build_target_layer_ids(n_target, num_target_features or min(5, max(1, n_target - 3)))
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    # MoE targets have no dense intermediate size; the drafter's MLP stays dense, 3x the width.
+    intermediate_size = intermediate_size or getattr(cfg, "intermediate_size", None) or 3 * cfg.hidden_size
     rope = getattr(cfg, "rope_parameters", None) or {}
     config = DFlashConfig(
-        hidden_size=cfg.hidden_size, intermediate_size=intermediate_size or cfg.intermediate_size,
+        hidden_size=cfg.hidden_size, intermediate_size=intermediate_size,
         num_hidden_layers=num_layers, num_attention_heads=cfg.num_attention_heads,
         num_key_value_heads=cfg.num_key_value_heads, head_dim=head_dim, vocab_size=cfg.vocab_size,
         num_target_layers=n_target, target_layer_ids=list(target_layer_ids), mask_token_id=mask_token_id,

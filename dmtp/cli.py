@@ -1,0 +1,25 @@
+"""Command-line error reporting: bad input ends a command with one line, not a traceback.
+
+Configuration and data problems surface as ValueError / FileNotFoundError (MTPLoadError is a
+ValueError) with a message that names the problem; the command prints `<prog>: error: <message>`
+and exits with status 2. `DMTP_TRACEBACK=1` re-raises instead, for debugging.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError)
+
+
+@contextmanager
+def one_line_errors(prog: str):
+    try:
+        yield
+    except USER_ERRORS as err:
+        if os.environ.get("DMTP_TRACEBACK"):
+            raise
+        message = " ".join(str(err).split()) or type(err).__name__
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2) from None
