@@ -24,7 +24,6 @@ class TinyPreset:
     lr: float
     mtp_loss_weight: float = 0.3
     warmup_steps: int = 50
-    min_lr_ratio: float = 0.1    # cosine floor, as a fraction of lr
     tokenizer_chars: int = 4_000_000   # corpus characters sampled to train the BPE
     docs_per_domain: int | None = None  # cap on training documents read per domain (micro)
     domain_weights: tuple[float, float, float] = (0.4, 0.3, 0.3)  # code, prose, math
@@ -39,8 +38,7 @@ PRESETS = {
     # while depth is what makes a 1-2 layer drafter cheap relative to verification. Small batches,
     # many steps: in a run this short, updates matter more than tokens per update.
     "tiny": TinyPreset(name="tiny", vocab_size=2048, hidden_size=128, num_layers=8, num_heads=4, num_kv_heads=2,
-                       head_dim=32, intermediate_size=384, seq_len=256, batch_size=8, steps=820, lr=3e-3,
-                       min_lr_ratio=0.0),
+                       head_dim=32, intermediate_size=384, seq_len=256, batch_size=8, steps=900, lr=3e-3),
 }
 
 

@@ -58,8 +58,7 @@ def pretrain(model, mtp: NativeMTP, data: DomainStreams, preset: TinyPreset, pro
         if step < preset.warmup_steps:
             return (step + 1) / preset.warmup_steps
         frac = (step - preset.warmup_steps) / max(1, preset.steps - preset.warmup_steps)
-        floor = preset.min_lr_ratio
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     model.train(), mtp.train()
