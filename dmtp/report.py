@@ -91,6 +91,31 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _cell(stats: tuple[float, float, int] | None, fmt: str = "{:.3f}") -> str:
+    if stats is None:
+        return ""
+    mean, sd, n = stats
+    return fmt.format(mean) + (" ± " + fmt.format(sd) if n > 1 else "")
+
+
+def detail_table(rows: list[dict]) -> str:
+    """Per workload and method: tau, T1 acceptance, speed-up vs AR and P(L>=k), mean ± stdev over jobs."""
+    lines = []
+    for w in workloads(rows):
+        ks = sorted({int(k.rsplit("_", 1)[1]) for r in rows for k in r if k.startswith(f"{w}/p_len_ge_")})
+        if not ks:
+            continue
+        cols = {"tau": f"{w}/tau", "T1 accept": f"{w}/t1_accept", "tok/s vs AR": f"{w}/speedup_vs_ar",
+                **{f"P(L>={k})": f"{w}/p_len_ge_{k}" for k in ks}}
+        stats = {name: summarise(rows, key) for name, key in cols.items()}
+        methods = sorted({m for s in stats.values() for m in s})
+        lines += [f"\n**{w}**\n", "| variant | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+        for m in methods:
+            cells = [_cell(stats[name].get(m), "{:.2f}" if name.startswith("P(") else "{:.3f}") for name in cols]
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n" if lines else ""
+
+
 def plots(rows: list[dict], out: Path) -> list[Path]:
     import matplotlib
 
@@ -153,7 +178,7 @@ def aggregate(sweep_dir: str | Path, out: str | Path | None = None) -> Path:
         raise FileNotFoundError(f"no metrics.json under {sweep_dir}")
     out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, out / "results.csv")
-    (out / "results.md").write_text(markdown_table(rows))
+    (out / "results.md").write_text(markdown_table(rows) + detail_table(rows))
     plots(rows, out)
     return out
 

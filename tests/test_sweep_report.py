@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from dmtp.report import aggregate, collect, markdown_table
+from dmtp.report import aggregate, collect, detail_table, markdown_table
 
 
 @pytest.mark.slow
@@ -44,5 +44,9 @@ def test_aggregate_by_hand(tmp_path):
     assert "2.100 ± 0.141" in table                 # raw DFlash mean ± stdev over two seeds
     assert "+23.81%" in table                       # 2.6 / 2.1 - 1
     assert "+8.33%" in table                        # 2.6 / 2.4 - 1, vs token-only
+    detail = detail_table(rows)
+    assert "| raw_dflash | 2.100 ± 0.141 | 0.500 ± 0.000 |  | 0.50 ± 0.00 |" in detail
+    assert "| token_only | 2.400 | 0.500 |  | 0.50 |" in detail
     out = aggregate(tmp_path, tmp_path / "report")
+    assert detail in (out / "results.md").read_text()
     assert (out / "acceptance_length.png").exists() and (out / "p_len_ge_code.png").exists()
