@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -26,6 +27,44 @@ from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer  # noqa: E40
 from dmtp.decode.metrics import format_table, throughput  # noqa: E402
 from dmtp.infer import (decode_workloads, embedded_prompts, find_latest_drafter, load_drafter_for,  # noqa: E402
                         resolve_device, resolve_dtype)
+
+
+def grouped_summary(overall: dict, workloads: dict) -> dict:
+    """Merge repeated drafters of one method (labels `name#n`, e.g. several seeds) into mean and stdev
+    per workload: tau, T1 acceptance, tok/s vs AR (same run), P(L>=k)."""
+    out: dict = {}
+    for wl, per_method in {"all": overall, **workloads}.items():
+        ar_tps = per_method["ar"]["tokens_per_s"]
+        groups: dict[str, list[dict]] = {}
+        for label, s in per_method.items():
+            groups.setdefault(label.split("#")[0], []).append(s)
+        for method, runs in groups.items():
+            values = {"tau": [r["tau_per_request"] for r in runs], "tok_s": [r["tokens_per_s"] for r in runs],
+                      "speedup_vs_ar": [r["tokens_per_s"] / ar_tps for r in runs]}
+            if all(r["t1_accept"] is not None for r in runs):   # AR has no candidates
+                values["t1_accept"] = [r["t1_accept"] for r in runs]
+            for k in range(len(runs[0]["p_len_ge"])):
+                values[f"p_len_ge_{k + 1}"] = [r["p_len_ge"][k] for r in runs]
+            out.setdefault(wl, {})[method] = {
+                key: (statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else 0.0, len(v)) for key, v in values.items()}
+    return out
+
+
+def grouped_table(grouped: dict) -> str:
+    lines = []
+    for wl, methods in grouped.items():
+        lines += [f"\n{wl}:", "| method | n | tau | T1 accept | tok/s | vs AR | P(L>=k), k = 1.. |", "|---|---|---|---|---|---|---|"]
+        for m, st in methods.items():
+            def pm(key, f="{:.3f}"):
+                if key not in st:
+                    return "-"
+                return f.format(st[key][0]) + (" ± " + f.format(st[key][1]) if st[key][2] > 1 else "")
+
+            ks = sorted((int(k.rsplit("_", 1)[1]) for k in st if k.startswith("p_len_ge_")))
+            plen = " ".join(f"{st[f'p_len_ge_{k}'][0]:.2f}" for k in ks)
+            lines.append(f"| {m} | {st['tau'][2]} | {pm('tau')} | {pm('t1_accept')} | {pm('tok_s', '{:.1f}')} | "
+                         f"{pm('speedup_vs_ar')} | {plen} |")
+    return "\n".join(lines)
 
 
 def random_drafter(target, name: str, mask_token_id: int, device, dtype, seed: int = 0):
@@ -153,6 +192,10 @@ def main(argv=None) -> dict:
             print(f"{m} / {raw[0]}: tau x{ratios[m]['tau_ratio']:.3f} ({100 * (ratios[m]['tau_ratio'] - 1):+.2f}%), "
                   f"tok/s x{ratios[m]['tps_ratio']:.3f}, T1 {ratios[m]['t1_points']:+.2f} points")
 
+    grouped = grouped_summary(overall, metrics["workloads"])
+    if any("#" in m for m in overall):
+        print("\nrepeated drafters merged (mean ± stdev):" + grouped_table(grouped))
+
     hf = None
     if not args.no_hf:
         prompts = [p for ps in workloads.values() for p in ps]
@@ -165,7 +208,7 @@ def main(argv=None) -> dict:
 
     report = {"target": path, "device": str(device), "dtype": str(dtype), "batch_size": args.batch_size,
               "max_new_tokens": args.max_new_tokens, "methods": {m: s for m, s in overall.items()},
-              "workloads": metrics["workloads"], "dmtp_over_dflash": ratios, "hf_generate": hf}
+              "workloads": metrics["workloads"], "dmtp_over_dflash": ratios, "grouped": grouped, "hf_generate": hf}
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
         print(f"report written to {args.out}")
