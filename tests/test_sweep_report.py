@@ -25,7 +25,10 @@ def test_two_variant_multirun_aggregates(tmp_path):
         assert f"{job['math/tau']:.3f}" in table and f"{job['walk/math/tau']:.3f}" in table
     rows = list(csv.DictReader((report / "results.csv").open()))
     assert len(rows) == 2 and {r["injection"] for r in rows} == {"raw_dflash", "dual_anchor_zero_init"}
-    for png in ("acceptance_length.png", "t1_acceptance.png", "p_len_ge_walk_math.png", "p_len_ge_math.png"):
+    for job in jobs:   # sweeps/main.yaml decodes at batch 1, 4 and 8 too
+        assert all(job[f"throughput/bs{b}/tok_s"] > 0 for b in (1, 4, 8))
+    for png in ("acceptance_length.png", "t1_acceptance.png", "p_len_ge_walk_math.png", "p_len_ge_math.png",
+                "throughput_vs_batch.png"):
         assert (report / png).stat().st_size > 1000
     assert "+" in table or "-" in table  # the change vs raw DFlash column is filled
 

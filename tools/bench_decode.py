@@ -67,6 +67,28 @@ def grouped_table(grouped: dict) -> str:
     return "\n".join(lines)
 
 
+def throughput_vs_batch(decoders, workloads, batch_sizes, max_new_tokens: int, sampling) -> dict:
+    """tok/s of every method (repeated drafters: mean ± stdev) with all prompts decoded together at
+    each batch size; printed as a table."""
+    if not batch_sizes:
+        return {}
+    everything = {"all": [p for prompts in workloads.values() for p in prompts]}
+    out = {}
+    for b in batch_sizes:
+        overall = decode_workloads(decoders, everything, max_new_tokens=max_new_tokens, sampling=sampling,
+                                   batch_size=b, warmup=True)["overall"]
+        groups: dict[str, list[float]] = {}
+        for label, s in overall.items():
+            groups.setdefault(label.split("#")[0], []).append(s["tokens_per_s"])
+        out[b] = {m: (statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else 0.0) for m, v in groups.items()}
+    methods = list(next(iter(out.values())))
+    print("\ntok/s vs batch size (all prompts; repeated drafters: mean ± stdev):")
+    print("| batch | " + " | ".join(methods) + " |\n|---|" + "---|" * len(methods))
+    for b, row in out.items():
+        print(f"| {b} | " + " | ".join(f"{row[m][0]:.1f}" + (f" ± {row[m][1]:.1f}" if row[m][1] else "") for m in methods) + " |")
+    return out
+
+
 def random_drafter(target, name: str, mask_token_id: int, device, dtype, seed: int = 0):
     from dmtp.injection.io import fresh_drafter_for
 
@@ -125,6 +147,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers generate() baseline")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
     ap.add_argument("--out", default=None, help="write the JSON report here")
+    ap.add_argument("--throughput-batch-sizes", type=int, nargs="*", default=[],
+                    help="also decode all prompts together at each batch size: tok/s vs batch size")
     args = ap.parse_args(argv)
 
     from dmtp.models.mtp_loading import load_native_mtp
@@ -196,6 +220,8 @@ def main(argv=None) -> dict:
     if any("#" in m for m in overall):
         print("\nrepeated drafters merged (mean ± stdev):" + grouped_table(grouped))
 
+    by_batch = throughput_vs_batch(decoders, workloads, args.throughput_batch_sizes, args.max_new_tokens, sampling)
+
     hf = None
     if not args.no_hf:
         prompts = [p for ps in workloads.values() for p in ps]
@@ -208,7 +234,7 @@ def main(argv=None) -> dict:
 
     report = {"target": path, "device": str(device), "dtype": str(dtype), "batch_size": args.batch_size,
               "max_new_tokens": args.max_new_tokens, "methods": {m: s for m, s in overall.items()},
-              "workloads": metrics["workloads"], "dmtp_over_dflash": ratios, "grouped": grouped, "hf_generate": hf}
+              "workloads": metrics["workloads"], "dmtp_over_dflash": ratios, "grouped": grouped, "throughput_vs_batch": by_batch, "hf_generate": hf}
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
         print(f"report written to {args.out}")

@@ -21,7 +21,9 @@ def flat_decode_metrics(summary: dict, prefix: str) -> dict:
 
 def decode_after_training(target, mtp, drafter, injection, tokenizer, domains=("code", "prose", "math"),
                           num_prompts: int = 8, prompt_tokens: int = 64, max_new_tokens: int = 64,
-                          batch_size: int = 4, compare_ar: bool = True) -> dict:
+                          batch_size: int = 4, compare_ar: bool = True, throughput_batch_sizes=()) -> dict:
+    """`throughput_batch_sizes`: also decode all the domains' prompts together at each of these batch
+    sizes and record `throughput/bs<b>/tok_s` (and `.../speedup_vs_ar`): the throughput-vs-batch plot."""
     drafter.eval(), injection.eval()
     workloads = embedded_prompts(tokenizer, list(domains), num_prompts, prompt_tokens)
     decoders = {"drafter": SpecDecoder(target, build_proposer("drafter", target, mtp=mtp, drafter=drafter,
@@ -35,4 +37,11 @@ def decode_after_training(target, mtp, drafter, injection, tokenizer, domains=("
         metrics.update(flat_decode_metrics(per_method["drafter"], domain))
         if compare_ar:
             metrics[f"{domain}/speedup_vs_ar"] = per_method["drafter"]["tokens_per_s"] / per_method["ar"]["tokens_per_s"]
+    everything = {"all": [p for prompts in workloads.values() for p in prompts]}
+    for b in throughput_batch_sizes or ():
+        run = decode_workloads(decoders, everything, max_new_tokens=max_new_tokens, sampling=SamplingConfig(),
+                               batch_size=int(b))["overall"]
+        metrics[f"throughput/bs{b}/tok_s"] = run["drafter"]["tokens_per_s"]
+        if compare_ar:
+            metrics[f"throughput/bs{b}/speedup_vs_ar"] = run["drafter"]["tokens_per_s"] / run["ar"]["tokens_per_s"]
     return metrics
