@@ -234,7 +234,8 @@ def main(argv=None) -> dict:
 
     report = {"target": path, "device": str(device), "dtype": str(dtype), "batch_size": args.batch_size,
               "max_new_tokens": args.max_new_tokens, "methods": {m: s for m, s in overall.items()},
-              "workloads": metrics["workloads"], "dmtp_over_dflash": ratios, "grouped": grouped, "throughput_vs_batch": by_batch, "hf_generate": hf}
+              "workloads": metrics["workloads"], "dmtp_over_dflash": ratios, "grouped": grouped,
+              "throughput_vs_batch": by_batch, "hf_generate": hf}
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
         print(f"report written to {args.out}")
