@@ -73,6 +73,13 @@ def summarise(rows: list[dict], key: str) -> dict[str, tuple[float, float, int]]
     return {m: (statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else 0.0, len(v)) for m, v in by_method.items()}
 
 
+def _cell(stats: tuple[float, float, int] | None, fmt: str = "{:.3f}") -> str:
+    if stats is None:
+        return ""
+    mean, sd, n = stats
+    return fmt.format(mean) + (" ± " + fmt.format(sd) if n > 1 else "")
+
+
 def markdown_table(rows: list[dict]) -> str:
     loads = workloads(rows)
     taus = {w: summarise(rows, f"{w}/tau") for w in loads}
@@ -82,20 +89,12 @@ def markdown_table(rows: list[dict]) -> str:
     for m in methods:
         cells = [m, INTERFACES.get(m, "")]
         for w in loads:
-            mean, sd, n = taus[w].get(m, (float("nan"), 0.0, 0))
-            cells.append(f"{mean:.3f}" + (f" ± {sd:.3f}" if n > 1 else ""))
+            cells.append(_cell(taus[w].get(m, (float("nan"), 0.0, 0))))
         for ref in (SINGLE_ANCHOR, BASELINE):
             changes = [taus[w][m][0] / taus[w][ref][0] - 1 for w in loads if m in taus[w] and ref in taus[w]]
             cells.append(f"{100 * statistics.fmean(changes):+.2f}%" if changes and m != ref else "")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
-
-
-def _cell(stats: tuple[float, float, int] | None, fmt: str = "{:.3f}") -> str:
-    if stats is None:
-        return ""
-    mean, sd, n = stats
-    return fmt.format(mean) + (" ± " + fmt.format(sd) if n > 1 else "")
 
 
 def detail_table(rows: list[dict]) -> str:

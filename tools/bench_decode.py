@@ -29,6 +29,11 @@ from dmtp.infer import (decode_workloads, embedded_prompts, find_latest_drafter,
                         resolve_device, resolve_dtype)
 
 
+def method_of(label: str) -> str:
+    """Repeated drafters of one method are labelled `name#n`; this is `name`."""
+    return label.split("#")[0]
+
+
 def grouped_summary(overall: dict, workloads: dict) -> dict:
     """Merge repeated drafters of one method (labels `name#n`, e.g. several seeds) into mean and stdev
     per workload: tau, T1 acceptance, tok/s vs AR (same run), P(L>=k)."""
@@ -37,7 +42,7 @@ def grouped_summary(overall: dict, workloads: dict) -> dict:
         ar_tps = per_method["ar"]["tokens_per_s"]
         groups: dict[str, list[dict]] = {}
         for label, s in per_method.items():
-            groups.setdefault(label.split("#")[0], []).append(s)
+            groups.setdefault(method_of(label), []).append(s)
         for method, runs in groups.items():
             values = {"tau": [r["tau_per_request"] for r in runs], "tok_s": [r["tokens_per_s"] for r in runs],
                       "speedup_vs_ar": [r["tokens_per_s"] / ar_tps for r in runs]}
@@ -79,7 +84,7 @@ def throughput_vs_batch(decoders, workloads, batch_sizes, max_new_tokens: int, s
                                    batch_size=b, warmup=True)["overall"]
         groups: dict[str, list[float]] = {}
         for label, s in overall.items():
-            groups.setdefault(label.split("#")[0], []).append(s["tokens_per_s"])
+            groups.setdefault(method_of(label), []).append(s["tokens_per_s"])
         out[b] = {m: (statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else 0.0) for m, v in groups.items()}
     methods = list(next(iter(out.values())))
     print("\ntok/s vs batch size (all prompts; repeated drafters: mean ± stdev):")
