@@ -78,3 +78,35 @@ def test_mtp_is_pretrained_and_reads_the_post_norm_hidden_embedding_first(micro_
         micro_mtp.fc.weight.copy_(saved)
     # Measured on the micro target: good ~0.30, swapped ~0.01.
     assert swapped < 0.3 * good, (good, swapped)
+
+
+def test_heldout_windows_cover_the_whole_stream_without_overlap():
+    from dmtp.tiny.pretrain import spread_windows
+
+    stream = torch.arange(1000)
+    windows = spread_windows(stream, 50, 8)
+    assert windows.shape == (8, 50)
+    assert windows[0, 0] == 0 and windows[-1, -1] == 999          # from the first token to the last
+    starts = windows[:, 0]
+    assert (starts[1:] - starts[:-1] >= 50).all()                  # never overlapping
+    assert spread_windows(stream, 300, 8).shape == (3, 300)         # capped by what fits
+    assert spread_windows(stream[:40], 50, 8) is None
+    assert torch.equal(spread_windows(stream[:50], 50, 8)[0], stream[:50])
+
+
+def test_reevaluate_rewrites_the_heldout_figures_of_a_built_target(micro_target_dir, tmp_path):
+    import shutil
+
+    from dmtp.tiny.build import main as build_main, reevaluate_target
+
+    path = shutil.copytree(micro_target_dir, tmp_path / "micro")
+    report = json.loads((path / "build_report.json").read_text())
+    report["heldout"] = {}
+    (path / "build_report.json").write_text(json.dumps(report))
+    build_main(["--preset", "micro", "--out", str(path), "--evaluate"])
+    heldout = json.loads((path / "build_report.json").read_text())["heldout"]
+    assert set(heldout) == {"code", "prose", "math"}
+    for figures in heldout.values():
+        assert figures["mtp_top1"] > 1.5 * figures["unigram_top1"], figures   # micro: ~2-4x
+    with pytest.raises(FileNotFoundError, match="not a built dmtp target"):
+        reevaluate_target(tmp_path)

@@ -147,13 +147,40 @@ def save_target(model: Qwen3ForCausalLM, mtp: NativeMTP, out_dir: Path) -> None:
     model.generation_config.save_pretrained(str(out_dir))
 
 
+@torch.no_grad()
+def reevaluate_target(path: str | Path) -> dict:
+    """Recompute a built target's held-out figures with the current `evaluate` and store them in its
+    build_report.json (the weights are untouched)."""
+    from dmtp.models.mtp_loading import load_native_mtp
+    from dmtp.models.target import TargetModel, load_tokenizer
+
+    path = Path(path)
+    report_path = path / "build_report.json"
+    if not report_path.exists():
+        raise FileNotFoundError(f"{path} is not a built dmtp target (no build_report.json)")
+    report = json.loads(report_path.read_text())
+    preset = get_preset(report["preset"])
+    model = TargetModel.from_pretrained(path).hf
+    mtp = load_native_mtp(path, model.model.embed_tokens, model.lm_head).eval()
+    tok = load_tokenizer(path)
+    val_streams = {d: _encode(tok, texts(d, "validation")[: preset.docs_per_domain]) for d in DOMAINS}
+    report["heldout"] = evaluate(model, mtp, val_streams, preset.seq_len)
+    report_path.write_text(json.dumps(report, indent=2) + "\n")
+    return report["heldout"]
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="tiny", help="micro | tiny")
     parser.add_argument("--out", default=None, help="target directory (default: $DMTP_HOME/targets/<preset>-<hash>)")
     parser.add_argument("--force", action="store_true", help="rebuild even if a cached target exists")
+    parser.add_argument("--evaluate", action="store_true",
+                        help="only recompute the held-out figures of an already built target")
     args = parser.parse_args(argv)
     path = Path(args.out) if args.out else default_target_dir(args.preset)
+    if args.evaluate:
+        print(json.dumps(reevaluate_target(path), indent=2))
+        return
     if args.force or not (path / "build_report.json").exists():
         build_tiny_target(args.preset, path)
     else:
