@@ -68,21 +68,11 @@ def find_latest_drafter(roots=("outputs", "logs"), base: str | Path | None = Non
 
 
 def embedded_prompts(tokenizer, domains, num_prompts: int, prompt_tokens: int) -> dict[str, list[list[int]]]:
-    """Held-out prompts: the first `prompt_tokens` tokens of the first `num_prompts` test documents of
-    each domain."""
-    from dmtp.data.corpora import documents
+    """Held-out prompts: `num_prompts` prompts of `prompt_tokens` tokens per domain from the test split,
+    spread over it (dmtp.data.prompts)."""
+    from dmtp.data.prompts import held_out_prompts
 
-    out = {}
-    for domain in domains:
-        prompts = []
-        for doc in documents(domain, "test"):
-            ids = tokenizer(doc.text[: 16 * prompt_tokens], add_special_tokens=False)["input_ids"][:prompt_tokens]
-            if len(ids) >= min(8, prompt_tokens):
-                prompts.append(ids)
-            if len(prompts) >= num_prompts:
-                break
-        out[domain] = prompts
-    return out
+    return {domain: held_out_prompts(tokenizer, domain, "test", num_prompts, prompt_tokens) for domain in domains}
 
 
 def eval_set_prompts(tokenizer, name: str, path: str, num_prompts: int) -> tuple[list, dict[str, list[list[int]]]]:

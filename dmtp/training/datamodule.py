@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from dmtp.data.corpora import DOMAINS, texts
+from dmtp.data.prompts import held_out_prompts
 from dmtp.data.records import encode_record
 from dmtp.paths import dmtp_home
 
@@ -192,13 +193,7 @@ class DraftDataModule(L.LightningDataModule):
     # -- validation rows: held-out prompts + the target's own greedy continuation -------------------
     def _val_rows(self, domain: str) -> list[dict]:
         p, new = self.val_prompt_len, self.val_new_tokens
-        prompts = []
-        for text in texts(domain, "validation"):
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            if len(ids) >= p:
-                prompts.append(ids[:p])
-            if len(prompts) == self.val_prompts:
-                break
+        prompts = held_out_prompts(self.tokenizer, domain, "validation", self.val_prompts, p)
         payload = {"domain": domain, "prompts": hashlib.sha1(json.dumps(prompts).encode()).hexdigest(), "new": new}
         conts = _cached(_cache_path("val", self.target, payload),
                         lambda: greedy_continuations(self.target, prompts, new, self.eos,
