@@ -25,7 +25,7 @@ def paragraph_starts(text: str) -> list[int]:
 def held_out_prompts(tokenizer, domain: str, split: str, num_prompts: int, prompt_tokens: int) -> list[list[int]]:
     """`num_prompts` prompts of exactly `prompt_tokens` tokens from one domain's split, deterministic.
 
-    Fewer come back only when the split has fewer qualifying paragraph starts."""
+    Fewer come back only when the split has fewer distinct qualifying paragraph starts."""
     if num_prompts < 1 or prompt_tokens < 1:
         raise ValueError(f"num_prompts and prompt_tokens must be >= 1, got {num_prompts} and {prompt_tokens}")
     need = _CHARS_PER_TOKEN * prompt_tokens

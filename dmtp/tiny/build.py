@@ -1,6 +1,6 @@
 """Build (once) and cache the embedded tiny target: tokenizer + Qwen3 causal LM + native MTP layer.
 
-    python -m dmtp.tiny.build --preset tiny      # default target, ~9 minutes on 2 CPU cores
+    python -m dmtp.tiny.build --preset tiny      # default target, ~9.5 minutes on 2 CPU cores
     python -m dmtp.tiny.build --preset micro     # test target, seconds
 
 The result is a normal Hugging Face checkpoint directory: config.json (with mtp_num_hidden_layers),

@@ -35,7 +35,7 @@ PRESETS = {
                         head_dim=16, intermediate_size=192, seq_len=128, batch_size=8, steps=250, lr=4e-3,
                         warmup_steps=20, tokenizer_chars=400_000, docs_per_domain=100),
     # Narrow and deep. At a CPU budget of ten minutes the compute-optimal model is far smaller than
-    # the data allows: measured at equal build time, width 64 (0.7M parameters, 4.5M tokens) beat
+    # the data allows: measured at about equal build time, width 64 (0.7M parameters, 4.5M tokens) beat
     # width 96 (1.3M, 2.0M tokens), which beat width 128 (2.1M, 1.8M tokens), on every held-out
     # domain's top-1. Depth is what makes a 1-3 layer drafter cheap relative to verification. Small
     # batches, many steps: in a run this short, updates matter more than tokens per update.
