@@ -3,8 +3,8 @@ different lengths, verify blocks, rollback (not advancing) and the generic recom
 import pytest
 import torch
 
-from dmtp.decode.target_runner import (FastTargetRunner, RecomputeTargetRunner, fast_runner_unsupported,
-                                       make_target_runner)
+from dmtp.decode.runners import make_target_runner
+from dmtp.decode.target_runner import FastTargetRunner, RecomputeTargetRunner, fast_runner_unsupported
 from dmtp.models.target import TargetModel
 
 LAYERS = [1, 3]  # 3 is the last layer: its tap is post-norm, as transformers' hidden_states[-1]
@@ -99,8 +99,11 @@ def _tiny_gpt2():
 def test_generic_fallback_for_other_architectures():
     target = _tiny_gpt2()
     assert "gpt2" in fast_runner_unsupported(target)
-    runner = make_target_runner(target, [0])
+    with pytest.warns(UserWarning, match="recompute runner.*gpt2"):
+        runner = make_target_runner(target, [0])
     assert isinstance(runner, RecomputeTargetRunner)
+    with pytest.raises(ValueError, match="runner=fast: no static-cache runner covers this gpt2 target"):
+        make_target_runner(target, [0], kind="fast")
     with pytest.raises(ValueError, match="fast target runner"):
         FastTargetRunner(target, [0])
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]

@@ -20,7 +20,8 @@ from safetensors.torch import load_file, save_file
 
 from dmtp.configs import compose_config, compose_train
 from dmtp.decode.loop import ScriptedProposer, SpecDecoder, build_proposer
-from dmtp.decode.target_runner import RecomputeTargetRunner, make_target_runner
+from dmtp.decode.runners import make_target_runner
+from dmtp.decode.target_runner import RecomputeTargetRunner
 from dmtp.infer import run as infer_run
 from dmtp.injection.io import fresh_drafter_for, load_dmtp_drafter
 from dmtp.models.mtp_loading import MTPLoadError, load_native_mtp

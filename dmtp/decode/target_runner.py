@@ -1,6 +1,6 @@
-"""Target runtimes for the decoding loop: static KV caches, per-request lengths, rollback = not advancing.
+"""Dense-attention target runtimes: static KV caches, per-request lengths, rollback = not advancing.
 
-Two runners share one interface (`TargetRunner`):
+Two runners of the `TargetRunner` interface (`dmtp.decode.runner_base`); `dmtp.decode.runners` picks one:
 
 * `FastTargetRunner` — dense-attention Qwen3 / Qwen2 / Llama / Mistral targets. Our own forward
   (the blocks of `dmtp.models.qwen3`) whose parameters ARE the Hugging Face model's parameters (bound
@@ -10,86 +10,20 @@ Two runners share one interface (`TargetRunner`):
 * `RecomputeTargetRunner` — any other transformers causal LM: it keeps each request's token history
   on the device and re-runs the whole model over it at every call. Exact, slow, no graphs.
 
-Both return `TargetOutput(logits, layer_hidden, last_hidden)` with `TargetModel`'s conventions:
-`layer_hidden` concatenates `hidden_states[l + 1]` for the tapped layers (transformers' last entry is
-the final-norm output, so tapping the last layer gives a post-norm feature — replicated here), and
-`last_hidden` is the final-norm output.
-
-State: `lengths [B]` (device, long) counts the tokens each request has committed to the cache.
-`verify(tokens, positions)` writes the rows' K/V at `positions` (default `lengths + arange(S)`) and
-does not move `lengths`; the loop calls `advance(n)` with the accepted count. Rejected rows stay in
-memory beyond `lengths` and are overwritten by the next verify: caches are never sliced.
+Conventions (state, rollback, outputs) are `TargetRunner`'s.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from dmtp.decode.runner_base import (TargetRunner, bind_linear, bind_norm, flash_attn_available, flash_attn_with_kvcache,
+                                     gather_rows)
 from dmtp.models.qwen3 import KVCache, Qwen3DecoderLayer
 from dmtp.models.target import TargetModel, TargetOutput
 
 FAST_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral")
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn", None)
-
-try:  # optional CUDA kernel
-    from flash_attn import flash_attn_with_kvcache as _flash_attn_with_kvcache  # type: ignore
-except Exception:  # pragma: no cover - not installed on CPU machines
-    _flash_attn_with_kvcache = None
-
-
-def flash_attn_available() -> bool:
-    return _flash_attn_with_kvcache is not None
-
-
-class TargetRunner:
-    """Interface of a target runtime (see module docstring)."""
-
-    supports_graphs = False
-    kind = "base"
-
-    def __init__(self, target: TargetModel, layer_ids=()):
-        target.check_layer_ids(layer_ids)
-        self.target = target
-        self.layer_ids = [int(i) for i in layer_ids]
-        self.num_layers = target.num_layers
-        self.hidden_size = target.hidden_size
-        self.feature_dim = len(self.layer_ids) * self.hidden_size
-        self.batch_size = 0
-        self.max_len = 0
-        self.lengths: torch.Tensor | None = None
-
-    @property
-    def device(self) -> torch.device:
-        return self.target.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.target.dtype
-
-    def allocate(self, batch_size: int, max_len: int) -> None:
-        raise NotImplementedError
-
-    def prefill(self, ids: torch.Tensor, lengths: torch.Tensor, last_logits_only: bool = False) -> TargetOutput:
-        """Right-padded prompts ids [B, T] with valid lengths [B]. Writes positions 0..T-1 and sets
-        `lengths`. Logits [B, T, V] (or [B, 1, V] at each request's last valid position)."""
-        raise NotImplementedError
-
-    def verify(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> TargetOutput:
-        raise NotImplementedError
-
-    def advance(self, n: torch.Tensor) -> None:
-        """Commit `n [B]` more rows per request (in place: graph-safe)."""
-        self.lengths.add_(n)
-
-    def set_features(self, layer_ids) -> None:
-        self.target.check_layer_ids(layer_ids)
-        self.layer_ids = [int(i) for i in layer_ids]
-        self.feature_dim = len(self.layer_ids) * self.hidden_size
-
-
-def _gather_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """x [B, T, D], idx [B] -> [B, 1, D]."""
-    return x.gather(1, idx.view(-1, 1, 1).expand(-1, 1, x.shape[-1]))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -119,16 +53,6 @@ def fast_runner_unsupported(target: TargetModel) -> str | None:
     return None
 
 
-def _bind_linear(dst: nn.Linear, src: nn.Linear) -> None:
-    dst.weight = src.weight
-    dst.bias = src.bias
-
-
-def _bind_norm(dst: nn.Module, src: nn.Module) -> None:
-    dst.weight = src.weight
-    dst.eps = float(getattr(src, "variance_epsilon", getattr(src, "eps", 1e-6)))
-
-
 def bind_decoder_layer(src: nn.Module, cfg) -> Qwen3DecoderLayer:
     """A `Qwen3DecoderLayer` whose parameters are `src`'s own Parameter objects (no copy)."""
     attn = src.self_attn
@@ -138,16 +62,16 @@ def bind_decoder_layer(src: nn.Module, cfg) -> Qwen3DecoderLayer:
         layer = Qwen3DecoderLayer(cfg.hidden_size, cfg.num_attention_heads, n_kv, head_dim, cfg.intermediate_size,
                                   float(getattr(cfg, "rms_norm_eps", 1e-6)))
     for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-        _bind_linear(getattr(layer.self_attn, name), getattr(attn, name))
+        bind_linear(getattr(layer.self_attn, name), getattr(attn, name))
     for name in ("q_norm", "k_norm"):  # Qwen3 only; Llama/Qwen2/Mistral have none
         if hasattr(attn, name) and getattr(attn, name) is not None:
-            _bind_norm(getattr(layer.self_attn, name), getattr(attn, name))
+            bind_norm(getattr(layer.self_attn, name), getattr(attn, name))
         else:
             setattr(layer.self_attn, name, nn.Identity())
     for name in ("gate_proj", "up_proj", "down_proj"):
-        _bind_linear(getattr(layer.mlp, name), getattr(src.mlp, name))
-    _bind_norm(layer.input_layernorm, src.input_layernorm)
-    _bind_norm(layer.post_attention_layernorm, src.post_attention_layernorm)
+        bind_linear(getattr(layer.mlp, name), getattr(src.mlp, name))
+    bind_norm(layer.input_layernorm, src.input_layernorm)
+    bind_norm(layer.post_attention_layernorm, src.post_attention_layernorm)
     left = [n for n, p in layer.named_parameters() if p.is_meta]
     if left:
         raise RuntimeError(f"unbound parameters after binding to the HF layer: {left}")
@@ -221,7 +145,7 @@ class FastTargetRunner(TargetRunner):
         h = layer.input_layernorm(x)
         q = attn.project_q(h, cos, sin).transpose(1, 2)
         k, v = attn.project_kv(h, cos, sin)
-        out = _flash_attn_with_kvcache(q, cache.k, cache.v, k=k.transpose(1, 2), v=v.transpose(1, 2),
+        out = flash_attn_with_kvcache()(q, cache.k, cache.v, k=k.transpose(1, 2), v=v.transpose(1, 2),
                                        cache_seqlens=seqlens, causal=True)
         x = x + attn.output(out.transpose(1, 2))
         return x + layer.mlp(layer.post_attention_layernorm(x))
@@ -253,7 +177,7 @@ class FastTargetRunner(TargetRunner):
             feats = torch.cat([taps[l] for l in self.layer_ids], dim=-1)
         else:
             feats = last[..., :0]
-        logits = self.lm_head(last if logit_rows is None else _gather_rows(last, logit_rows))
+        logits = self.lm_head(last if logit_rows is None else gather_rows(last, logit_rows))
         return TargetOutput(logits, feats, last)
 
     def prefill(self, ids, lengths, last_logits_only: bool = False) -> TargetOutput:
@@ -298,7 +222,7 @@ class RecomputeTargetRunner(TargetRunner):
         self.lengths.copy_(lengths.to(self.device))
         out = self._run(t)
         if last_logits_only:
-            out = TargetOutput(_gather_rows(out.logits, self.lengths - 1), out.layer_hidden, out.last_hidden)
+            out = TargetOutput(gather_rows(out.logits, self.lengths - 1), out.layer_hidden, out.last_hidden)
         return out
 
     def verify(self, tokens, positions=None) -> TargetOutput:
@@ -313,14 +237,5 @@ class RecomputeTargetRunner(TargetRunner):
         return TargetOutput(pick(out.logits), pick(out.layer_hidden), pick(out.last_hidden))
 
 
-def make_target_runner(target: TargetModel, layer_ids=(), kind: str = "auto", attention: str = "auto") -> TargetRunner:
-    """kind: auto (fast when the architecture allows, else recompute) | fast | recompute."""
-    if kind not in ("auto", "fast", "recompute"):
-        raise ValueError(f"runner kind must be auto|fast|recompute, got {kind!r}")
-    if kind == "recompute" or (kind == "auto" and fast_runner_unsupported(target)):
-        return RecomputeTargetRunner(target, layer_ids)
-    return FastTargetRunner(target, layer_ids, attention=attention)
-
-
-__all__ = ["TargetRunner", "FastTargetRunner", "RecomputeTargetRunner", "make_target_runner",
-           "fast_runner_unsupported", "flash_attn_available", "bind_decoder_layer", "FAST_MODEL_TYPES"]
+__all__ = ["TargetRunner", "FastTargetRunner", "RecomputeTargetRunner", "fast_runner_unsupported",
+           "flash_attn_available", "bind_decoder_layer", "FAST_MODEL_TYPES"]
