@@ -19,9 +19,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dmtp.configs import compose_config, compose_train
+from dmtp.decode.hybrid_runner import HybridTargetRunner
 from dmtp.decode.loop import ScriptedProposer, SpecDecoder, build_proposer
 from dmtp.decode.runners import make_target_runner
-from dmtp.decode.target_runner import RecomputeTargetRunner
 from dmtp.infer import run as infer_run
 from dmtp.injection.io import fresh_drafter_for, load_dmtp_drafter
 from dmtp.models.mtp_loading import MTPLoadError, load_native_mtp
@@ -215,7 +215,7 @@ def test_hybrid_target_is_exact_with_rejections(hybrid_target, method):
     root, target = hybrid_target
     types = target.config.layer_types
     assert "linear_attention" in types and "full_attention" in types
-    assert isinstance(make_target_runner(target), RecomputeTargetRunner)   # the exact fallback serves them
+    assert isinstance(make_target_runner(target), HybridTargetRunner)   # the static-cache hybrid runner serves them
     gen = torch.Generator().manual_seed(5)
     vocab = target.config.vocab_size
     prompts = [torch.randint(5, vocab, (n,), generator=gen).tolist() for n in (9, 14, 6)]

@@ -298,17 +298,21 @@ class ScriptedProposer(Proposer):
     """Proposes each request's given continuation (e.g. the target's own greedy output computed
     beforehand): candidate i of a round is continuation[out_len + i]. With `corrupt_at = j` (1-based)
     candidate j is replaced by a different token, so greedy verification accepts exactly j - 1
-    candidates per round (fewer only where the budget or EOS cuts the round). With
+    candidates per round (fewer only where the budget or EOS cuts the round); a list gives each
+    request its own j (None: nothing corrupted, all K accepted), so one round mixes lengths. With
     `reject_first_rounds = N` every candidate of the first N rounds is wrong (rollback tests)."""
 
     def __init__(self, continuations: Sequence[Sequence[int]], num_candidates: int = BLOCK_CANDIDATES,
-                 corrupt_at: int | None = None, vocab_size: int | None = None, name: str = "scripted",
-                 reject_first_rounds: int = 0):
-        if corrupt_at is not None and not 1 <= corrupt_at <= num_candidates:
+                 corrupt_at: int | Sequence[int | None] | None = None, vocab_size: int | None = None,
+                 name: str = "scripted", reject_first_rounds: int = 0):
+        per_request = list(corrupt_at) if isinstance(corrupt_at, Sequence) else [corrupt_at] * len(continuations)
+        if len(per_request) != len(continuations):
+            raise ValueError(f"corrupt_at has {len(per_request)} entries for {len(continuations)} continuations")
+        if any(j is not None and not 1 <= j <= num_candidates for j in per_request):
             raise ValueError(f"corrupt_at must be in 1..{num_candidates}")
         self.continuations = [list(c) for c in continuations]
         self.num_candidates = num_candidates
-        self.corrupt_at = corrupt_at
+        self.corrupt_at = per_request
         self.reject_first_rounds = reject_first_rounds  # rounds whose candidates are all wrong
         self.vocab_size = vocab_size
         self.name = name
@@ -318,21 +322,23 @@ class ScriptedProposer(Proposer):
         self.ref = torch.zeros(st.batch, width, dtype=torch.long, device=st.device)
         self.offsets = torch.arange(self.num_candidates, device=st.device)
         self.vocab = self.vocab_size or st.vocab_size
+        self.corrupt = torch.zeros(st.batch, self.num_candidates, dtype=torch.bool, device=st.device)
 
     def prefill(self, st, ids, lengths, out) -> None:
         self.ref.zero_()
+        self.corrupt.zero_()
         for row, rid in enumerate(st.request_ids):
             c = self.continuations[rid]
             if c:
                 self.ref[row, :len(c)] = torch.tensor(c, device=self.ref.device)
+            if self.corrupt_at[rid] is not None:
+                self.corrupt[row, self.corrupt_at[rid] - 1] = True
 
     def propose_stages(self, st) -> list[Stage]:
         def propose():
             idx = (st.out_len[:, None] + self.offsets).clamp(max=self.ref.shape[1] - 1)
             cand = self.ref.gather(1, idx)
-            if self.corrupt_at is not None:
-                j = self.corrupt_at - 1
-                cand[:, j] = (cand[:, j] + 1) % self.vocab
+            cand = torch.where(self.corrupt, (cand + 1) % self.vocab, cand)
             if self.reject_first_rounds:
                 cand = torch.where(st.round_idx < self.reject_first_rounds, (cand + 1) % self.vocab, cand)
             st.candidates.copy_(cand)

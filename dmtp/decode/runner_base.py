@@ -70,6 +70,11 @@ class TargetRunner:
         """Commit `n [B]` more rows per request (in place: graph-safe)."""
         self.lengths.add_(n)
 
+    def round_state(self) -> list[torch.Tensor]:
+        """Every committed-state tensor that `advance` changes in place (rows past `lengths` are scratch):
+        what a CUDA-graph warm-up must snapshot and restore. Recurrent runners add their states."""
+        return [self.lengths]
+
     def set_features(self, layer_ids) -> None:
         self.target.check_layer_ids(layer_ids)
         self.layer_ids = [int(i) for i in layer_ids]

@@ -11,6 +11,9 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 
+from dmtp.decode.hybrid_runner import HybridTargetRunner, hybrid_runner_unsupported
+from dmtp.decode.deepseek_runner import DeepseekV3TargetRunner, deepseek_runner_unsupported
+from dmtp.decode.glm_runner import Glm4MoeTargetRunner, glm_runner_unsupported
 from dmtp.decode.runner_base import TargetRunner
 from dmtp.decode.target_runner import FastTargetRunner, RecomputeTargetRunner, fast_runner_unsupported
 from dmtp.models.target import TargetModel
@@ -20,6 +23,9 @@ RUNNER_KINDS = ("auto", "fast", "recompute")
 # (name, why_unsupported(target) -> str | None, runner class); tried in order.
 STATIC_RUNNERS: list[tuple[str, Callable[[TargetModel], str | None], type[TargetRunner]]] = [
     ("dense", fast_runner_unsupported, FastTargetRunner),
+    ("hybrid", hybrid_runner_unsupported, HybridTargetRunner),
+    ("deepseek_v3", deepseek_runner_unsupported, DeepseekV3TargetRunner),
+    ("glm4_moe", glm_runner_unsupported, Glm4MoeTargetRunner),
 ]
 
 

@@ -53,8 +53,9 @@ def fast_runner_unsupported(target: TargetModel) -> str | None:
     return None
 
 
-def bind_decoder_layer(src: nn.Module, cfg) -> Qwen3DecoderLayer:
-    """A `Qwen3DecoderLayer` whose parameters are `src`'s own Parameter objects (no copy)."""
+def bind_decoder_layer(src: nn.Module, cfg, mlp: nn.Module | None = None) -> Qwen3DecoderLayer:
+    """A `Qwen3DecoderLayer` whose parameters are `src`'s own Parameter objects (no copy). `mlp`: an
+    already bound MLP to use instead of binding `src.mlp` as a dense SwiGLU (MoE layers)."""
     attn = src.self_attn
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     n_kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
@@ -68,8 +69,11 @@ def bind_decoder_layer(src: nn.Module, cfg) -> Qwen3DecoderLayer:
             bind_norm(getattr(layer.self_attn, name), getattr(attn, name))
         else:
             setattr(layer.self_attn, name, nn.Identity())
-    for name in ("gate_proj", "up_proj", "down_proj"):
-        bind_linear(getattr(layer.mlp, name), getattr(src.mlp, name))
+    if mlp is not None:
+        layer.mlp = mlp
+    else:
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            bind_linear(getattr(layer.mlp, name), getattr(src.mlp, name))
     bind_norm(layer.input_layernorm, src.input_layernorm)
     bind_norm(layer.post_attention_layernorm, src.post_attention_layernorm)
     left = [n for n, p in layer.named_parameters() if p.is_meta]
@@ -90,18 +94,21 @@ class _FlashCache:
 class FastTargetRunner(TargetRunner):
     supports_graphs = True
     kind = "fast"
+    # A family's subclass swaps these for its own coverage check, layer binding and per-layer cache.
+    why_unsupported = staticmethod(fast_runner_unsupported)
+    bind_layer = staticmethod(bind_decoder_layer)
 
     def __init__(self, target: TargetModel, layer_ids=(), attention: str = "auto"):
         super().__init__(target, layer_ids)
-        why = fast_runner_unsupported(target)
+        why = self.why_unsupported(target)
         if why:
-            raise ValueError(f"fast target runner cannot drive this model: {why}")
+            raise ValueError(f"{self.kind} target runner cannot drive this model: {why}")
         base = target.hf.model
         cfg = target.config
         self.embed = base.embed_tokens
         self.norm = base.norm
         self.lm_head = target.hf.get_output_embeddings()
-        self.layers = nn.ModuleList(bind_decoder_layer(layer, cfg) for layer in base.layers)
+        self.layers = nn.ModuleList(self.bind_layer(layer, cfg) for layer in base.layers)
         rot = base.rotary_emb
         self.inv_freq = rot.inv_freq
         self.rope_scaling = float(getattr(rot, "attention_scaling", 1.0))
@@ -126,11 +133,13 @@ class FastTargetRunner(TargetRunner):
             self.lengths.zero_()
             return
         self.batch_size, self.max_len = batch_size, max_len
-        cls = _FlashCache if self.attention == "flash" else KVCache
-        self.caches = [cls(batch_size, self.num_kv_heads, max_len, self.head_dim, self.dtype, self.device)
-                       for _ in self.layers]
+        self.caches = [self.new_cache(batch_size, max_len) for _ in self.layers]
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=self.device)
         self._slots = torch.arange(max_len, device=self.device)
+
+    def new_cache(self, batch_size: int, max_len: int):
+        cls = _FlashCache if self.attention == "flash" else KVCache
+        return cls(batch_size, self.num_kv_heads, max_len, self.head_dim, self.dtype, self.device)
 
     def _rope(self, positions: torch.Tensor, dtype):
         freqs = positions.to(torch.float32)[..., None] * self.inv_freq.to(device=positions.device, dtype=torch.float32)

@@ -17,28 +17,30 @@ attn * sigmoid(gate)), then a dense SwiGLU MLP or a softmax-top-k MoE with a sig
 Qwen3.5's interleaved mRoPE reduces to 1-D RoPE for text (three equal position streams), which is
 what is implemented.
 
-DeepSeek-V3 / GLM-4-MoE (`HFDecoderMTPBlock`): transformers' own decoder layer (`DeepseekV3DecoderLayer`,
-`Glm4MoeDecoderLayer`, layer_idx = num_hidden_layers: its attention, router, shared experts and norms)
-and rotary embedding, wrapped to the protocol; plain x*w norms. Only the routed-experts container is
-ours: `PerExpertSwiGLU` for the released per-expert layout (`mlp.experts.{e}.{gate,up,down}_proj.weight`)
-or `PackedSwiGLU` for `gate_up_proj`/`down_proj` re-packs, so parameter names match the checkpoint and
-the experts can run inside CUDA-graph capture. The router stays fp32 when the block is cast (as
-transformers keeps it). Incremental decoding passes a static `RowCache` as the layer's `cache`: transformers'
-attention hands it the rows' freshly computed K/V (DeepSeek: the compressed latent and the roped key),
-it scatters them at the rows' positions and returns the whole static buffer, and the layer attends
-over it under our mask. That is exact and costs O(max_len) per row (MLA re-expands the cached latents
-of all max_len slots through kv_b_proj each call, as transformers' own MLA cache path does).
+DeepSeek-V3 / GLM-4-MoE (`DeepseekV3MTPBlock`, `Glm4MoeMTPBlock`): our own decoder layers, the same
+classes the static-cache target runners bind to the target's weights: MLA attending in latent space over
+a static latent cache (`dmtp.models.mla`), resp. GQA with partial rotary, optional q/k norms and q/k/v
+biases (`Qwen3DecoderLayer`); then the sigmoid group-limited MoE with shared experts (`dmtp.models.moe`:
+per-expert or packed routed experts, as the checkpoint stores them; the router stays fp32 when the
+block is cast, as transformers keeps it). Rotary cos/sin come from transformers' own rotary embedding of
+the family (YaRN, partial rotary), built from the config; plain x*w norms. An incremental call attends
+over the block's static cache under the caller's mask (fixed shapes, graph-safe); DeepSeek's cached
+latents are never re-expanded through kv_b_proj (the transformers-layer wrapper used before did that for
+all max_len slots at every call: ~10x slower per 8-row call at 2048 slots).
 """
 from __future__ import annotations
 
 import inspect
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from dmtp.models.mla import MLADecoderLayer, MLAttention
+from dmtp.models.moe import PackedSwiGLU, PerExpertSwiGLU, sigmoid_moe_from_config
+from dmtp.models.moe import packed_experts as _packed_experts
 from dmtp.models.mtp import MTPSpec
-from dmtp.models.qwen3 import KVCache, Qwen3MLP, RMSNorm, apply_rope, attend, rope_cos_sin, rope_inv_freq
+from dmtp.models.qwen3 import (KVCache, Qwen3DecoderLayer, Qwen3MLP, RMSNorm, apply_rope, attend, rope_cos_sin,
+                               rope_inv_freq)
 
 
 def _error(message: str) -> Exception:
@@ -53,69 +55,6 @@ def _rope_params(cfg: dict) -> dict:
 
 def _rope_theta(cfg: dict) -> float:
     return float(_rope_params(cfg).get("rope_theta", cfg.get("rope_theta", 10000.0)))
-
-
-# ----------------------------------------------------------------------------------------------------
-# Mixture-of-experts pieces shared by the families
-# ----------------------------------------------------------------------------------------------------
-
-class _SwiGLUExperts(nn.Module):
-    """Routed SwiGLU experts; call signature as transformers' experts: (hidden [N,H], top_k_index [N,K],
-    top_k_weights [N,K]) -> sum_k w[n,k] * expert_{idx[n,k]}(hidden[n]).
-
-    Eagerly each expert runs on its own tokens only (one host sync to list the hit experts). While a
-    CUDA graph is being captured (or with `sync_free = True`) every expert runs on every token with a
-    zero weight where it is not routed: exact, no host sync, fixed shapes, E times the expert FLOPs."""
-
-    sync_free = False
-
-    def _expert(self, e: int, h: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
-
-    def forward(self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros_like(hidden)
-        if self.sync_free or (hidden.is_cuda and torch.cuda.is_current_stream_capturing()):
-            dense = torch.zeros(hidden.shape[0], self.num_experts, dtype=top_k_weights.dtype, device=hidden.device)
-            dense.scatter_(1, top_k_index, top_k_weights)
-            for e in range(self.num_experts):
-                out += (self._expert(e, hidden) * dense[:, e, None]).to(out.dtype)
-            return out
-        for e in torch.unique(top_k_index).tolist():
-            token, slot = torch.where(top_k_index == e)
-            y = self._expert(e, hidden[token]) * top_k_weights[token, slot, None]
-            out.index_add_(0, token, y.to(out.dtype))
-        return out
-
-
-class PerExpertSwiGLU(_SwiGLUExperts):
-    """Experts as `{e}.gate_proj / up_proj / down_proj` (the per-expert checkpoint layout)."""
-
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
-        super().__init__()
-        self.num_experts = num_experts
-        for e in range(num_experts):
-            self.add_module(str(e), Qwen3MLP(hidden_size, intermediate_size))
-
-    def _expert(self, e: int, h: torch.Tensor) -> torch.Tensor:
-        return self._modules[str(e)](h)
-
-
-class PackedSwiGLU(_SwiGLUExperts):
-    """Experts as `gate_up_proj` [E, 2*Im, H] (rows 0..Im-1 = gate) and `down_proj` [E, H, Im]."""
-
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
-        super().__init__()
-        self.num_experts = num_experts
-        self.gate_up_proj = nn.Parameter(torch.zeros(num_experts, 2 * intermediate_size, hidden_size))
-        self.down_proj = nn.Parameter(torch.zeros(num_experts, hidden_size, intermediate_size))
-
-    def _expert(self, e: int, h: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(h, self.gate_up_proj[e]).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down_proj[e])
-
-
-def _packed_experts(keys: list[str] | None, prefix: str = "mlp.experts.") -> bool:
-    return keys is not None and any(k.startswith(prefix + "gate_up_proj") for k in keys)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -160,18 +99,27 @@ class Qwen35GatedAttention(nn.Module):
         self.q_norm = RMSNorm(d, spec.rms_norm_eps, zero_centered=True)
         self.k_norm = RMSNorm(d, spec.rms_norm_eps, zero_centered=True)
 
-    def forward(self, x, cos, sin, mask, cache: KVCache | None = None, positions=None):
+    def project(self, x, cos, sin):
+        """x [B,T,H] -> q [B,h,T,d] (normed, rotated), output gate [B,T,h*d], k and v [B,hkv,T,d]."""
         b, t, _ = x.shape
         q, gate = self.q_proj(x).view(b, t, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
         q = apply_rope(self.q_norm(q).transpose(1, 2), cos, sin)
         k = self.k_norm(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)
         k = apply_rope(k, cos, sin)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        return q, gate.reshape(b, t, -1), k, v
+
+    def output(self, attn: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """attn [B,h,T,d] -> o_proj(attn * sigmoid(gate))."""
+        b, _, t, _ = attn.shape
+        return self.o_proj(attn.transpose(1, 2).reshape(b, t, -1) * torch.sigmoid(gate))
+
+    def forward(self, x, cos, sin, mask, cache: KVCache | None = None, positions=None):
+        q, gate, k, v = self.project(x, cos, sin)
         if cache is not None:
             cache.write(positions, k, v)
             k, v = cache.k, cache.v
-        out = attend(q, k, v, mask).transpose(1, 2).reshape(b, t, -1)
-        return self.o_proj(out * torch.sigmoid(gate.reshape(b, t, -1)))
+        return self.output(attend(q, k, v, mask), gate)
 
 
 class Qwen35MTPBlock(nn.Module):
@@ -236,134 +184,76 @@ def _qwen35_block(spec: MTPSpec, cfg: dict, keys: list[str] | None = None) -> Qw
 
 
 # ----------------------------------------------------------------------------------------------------
-# DeepSeek-V3 / GLM-4-MoE: transformers' decoder layer wrapped to the block protocol
+# DeepSeek-V3 / GLM-4-MoE: our decoder layers (shared with the static-cache target runners)
 # ----------------------------------------------------------------------------------------------------
 
-class RowCache:
-    """Static per-request cache handed to a transformers attention layer as its `cache`.
-
-    The layer calls `update(a, b, layer_idx, ...)` with the new rows' cached tensors ([B, heads, T, d];
-    DeepSeek MLA: normed latent and roped shared key; GLM: key and value); they are written at the rows'
-    positions (set by the block before the call) and the full [B, heads, max_len, d] buffers returned.
-    Nothing is cropped: stale slots are hidden by the caller's mask and overwritten by later writes.
-    Buffers are allocated up front (`shapes` = ((heads_a, d_a), (heads_b, d_b))), so a captured CUDA
-    graph only writes into them."""
-
-    def __init__(self, batch: int, max_len: int, shapes, dtype, device):
-        (ha, da), (hb, db) = shapes
-        self.a = torch.zeros(batch, ha, max_len, da, dtype=dtype, device=device)
-        self.b = torch.zeros(batch, hb, max_len, db, dtype=dtype, device=device)
-        self.positions: torch.Tensor | None = None
-
-    @property
-    def max_len(self) -> int:
-        return self.a.shape[2]
-
-    def _write(self, buf, new):
-        if new.shape[1] != buf.shape[1] or new.shape[3] != buf.shape[3]:
-            raise RuntimeError(f"RowCache: rows of shape {list(new.shape)} do not fit a {list(buf.shape)} buffer")
-        idx = self.positions[:, None, :, None].expand(-1, new.shape[1], -1, new.shape[3])
-        buf.scatter_(2, idx, new.to(buf.dtype))
-
-    def update(self, a: torch.Tensor, b: torch.Tensor, layer_idx: int = 0, *args, **kwargs):
-        if self.positions is None:
-            raise RuntimeError("RowCache.update called outside HFDecoderMTPBlock.forward")
-        self._write(self.a, a)
-        self._write(self.b, b)
-        return self.a, self.b
-
-
-class HFDecoderMTPBlock(nn.Module):
-    """A transformers decoder layer as the MTP block.
-
-    The layer's submodules are registered directly on this module (so parameter names are the layer's
-    own: `self_attn.*`, `mlp.*`, `input_layernorm`, ...); the layer object itself and its rotary embedding
-    are kept outside the module tree (the rotary's fp32 frequencies must not be cast with the weights)."""
-
-    def __init__(self, layer: nn.Module, rotary: nn.Module, cache_shapes):
-        super().__init__()
-        self.cache_shapes = cache_shapes
-        for name, child in layer.named_children():
-            self.add_module(name, child)
-        if list(layer.named_parameters(recurse=False)) or list(layer.named_buffers(recurse=False)):
-            raise TypeError(f"{type(layer).__name__} has own parameters; cannot wrap it")
-        self._hf = {"layer": layer, "rotary": rotary}
-
-    @property
-    def hf_layer(self) -> nn.Module:
-        return self._hf["layer"]
+class _RotaryMTPBlock:
+    """Mixin giving one of our decoder layers the MTP block protocol, with transformers' rotary embedding
+    of the family (`_hf["rotary"]`, kept outside the module tree: its fp32 frequencies follow device
+    moves but are never cast with the weights, and no host copy happens inside CUDA-graph capture)."""
 
     def _apply(self, fn, recurse=True):
-        """Like transformers' `_keep_in_fp32_modules_strict`: the MoE router (`mlp.gate`: weight and
-        e_score_correction_bias) follows device moves but stays fp32 when the block is cast; so does
-        the rotary embedding (kept on the block's device: no host copy inside CUDA-graph capture)."""
+        super()._apply(fn, recurse)
         device = fn(torch.zeros(())).device
-        mlp = self._modules.get("mlp")
-        router = mlp._modules.get("gate") if mlp is not None else None
-        keep_router = router is not None and not isinstance(router, nn.Linear)
-        if keep_router:
-            del mlp._modules["gate"]
-        try:
-            super()._apply(fn, recurse)
-        finally:
-            if keep_router:
-                mlp._modules["gate"] = router
-        for module in [self._hf["rotary"]] + ([router] if keep_router else []):
-            module._apply(lambda t: t.to(device))
+        self._hf["rotary"]._apply(lambda t: t.to(device))
         return self
 
-    def train(self, mode: bool = True):
-        super().train(mode)
-        self.hf_layer.training = mode
-        return self
-
-    def forward(self, x, positions, mask, cache: RowCache | None = None):
+    def forward(self, x, positions, mask, cache=None):
         cos, sin = self._hf["rotary"](x, positions)
-        visible = mask | ~mask.any(-1, keepdim=True)          # a fully masked row attends anywhere (unused)
-        additive = torch.zeros(visible.shape, dtype=x.dtype, device=x.device)
-        additive = additive.masked_fill(~visible, torch.finfo(x.dtype).min)
-        if cache is not None:
-            cache.positions = positions
-        try:
-            return self.hf_layer(x, attention_mask=additive, position_ids=positions, cache=cache,
-                                 position_embeddings=(cos, sin))
-        finally:
-            if cache is not None:
-                cache.positions = None
+        return super().forward(x, cos, sin, mask, cache=cache, positions=positions)
 
-    def new_cache(self, batch: int, max_len: int, dtype, device) -> RowCache:
-        return RowCache(batch, max_len, self.cache_shapes, dtype, device)
+
+class DeepseekV3MTPBlock(_RotaryMTPBlock, MLADecoderLayer):
+    """DeepSeek-V3 MTP decoder layer: MLA (latent-space attention over an `MLACache`) + MoE or dense MLP."""
+
+    def __init__(self, config, mlp: nn.Module, rotary: nn.Module):
+        MLADecoderLayer.__init__(self, MLAttention.from_config(config), mlp, config.hidden_size, config.rms_norm_eps)
+        self._hf = {"rotary": rotary}
+
+
+class Glm4MoeMTPBlock(_RotaryMTPBlock, Qwen3DecoderLayer):
+    """GLM-4-MoE MTP decoder layer: GQA (partial rotary, q/k/v biases, q/k norms if `use_qk_norm`) + MoE or
+    dense MLP, over a `KVCache`."""
+
+    def __init__(self, config, mlp: nn.Module, rotary: nn.Module):
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        Qwen3DecoderLayer.__init__(self, config.hidden_size, heads, config.num_key_value_heads, head_dim, 1,
+                                   config.rms_norm_eps, bool(config.attention_bias))
+        self.mlp = mlp  # replaces the layer's placeholder SwiGLU of width 1
+        if not config.use_qk_norm:
+            self.self_attn.q_norm, self.self_attn.k_norm = nn.Identity(), nn.Identity()
+        self._hf = {"rotary": rotary}
+
+    def new_cache(self, batch: int, max_len: int, dtype, device) -> KVCache:
+        a = self.self_attn
+        return KVCache(batch, a.num_kv_heads, max_len, a.head_dim, dtype, device)
 
 
 def _hf_config(config_cls, cfg: dict):
-    config = config_cls.from_dict({k: v for k, v in cfg.items() if k not in ("quantization_config",)})
-    config._attn_implementation = "sdpa"
-    return config
+    """transformers' config object of the family: its class defaults fill what config.json leaves out."""
+    return config_cls.from_dict({k: v for k, v in cfg.items() if k not in ("quantization_config",)})
 
 
-def _hf_block(layer_cls, rotary_cls, config_cls, cfg: dict, keys: list[str] | None, cache_shapes) -> HFDecoderMTPBlock:
+def _moe_family_block(block_cls, config, rotary_cls, cfg: dict, keys: list[str] | None) -> nn.Module:
+    """The MTP layer (index num_hidden_layers) of a DeepSeek-V3 / GLM-4-MoE config: MoE from
+    `first_k_dense_replace` on, as transformers decides; experts in the checkpoint's layout."""
     if cfg.get("hidden_act", "silu") != "silu":
         raise _error(f"{cfg.get('model_type')} MTP: hidden_act {cfg['hidden_act']!r} is not supported")
-    config = _hf_config(config_cls, cfg)
-    # Built on the meta device, then materialised: transformers' packed experts would otherwise be
-    # allocated (uninitialised, fp32) even when they are replaced below. Every tensor is then loaded.
+    rotary = rotary_cls(config=config)
+    # Built on the meta device, then materialised with zeros: real MoE blocks hold billions of weights,
+    # which need no random init (every tensor is then loaded).
     with torch.device("meta"):
-        layer = layer_cls(config, layer_idx=cfg["num_hidden_layers"])
-        if getattr(layer.mlp, "experts", None) is not None:
-            # Released checkpoints store experts one by one (`experts.{e}.*`); re-packs use transformers'
-            # `gate_up_proj`/`down_proj`. Our expert modules mirror either layout by name and also run
-            # inside CUDA-graph capture (transformers' expert loop needs host syncs).
-            experts = PackedSwiGLU if _packed_experts(keys) else PerExpertSwiGLU
-            layer.mlp.experts = experts(config.n_routed_experts, config.hidden_size, config.moe_intermediate_size)
-    persistent = set(layer.state_dict())
-    transient = [n for n, _ in layer.named_buffers() if n not in persistent]
-    if transient:
-        raise TypeError(f"{layer_cls.__name__} has non-persistent buffers {transient}; they would not be loaded")
-    layer = layer.to_empty(device="cpu")
+        if cfg["num_hidden_layers"] >= config.first_k_dense_replace:
+            mlp = sigmoid_moe_from_config(config, packed=_packed_experts(keys))
+        else:
+            mlp = Qwen3MLP(config.hidden_size, config.intermediate_size)
+        block = block_cls(config, mlp, rotary)
+    block = block.to_empty(device="cpu")
     with torch.no_grad():
-        for t in [*layer.parameters(), *layer.buffers()]:
+        for t in [*block.parameters(), *block.buffers()]:
             t.zero_()
-    return HFDecoderMTPBlock(layer, rotary_cls(config=config), cache_shapes)
+    return block
 
 
 def _deepseek_v3_spec(cfg: dict) -> MTPSpec:
@@ -376,13 +266,12 @@ def _deepseek_v3_spec(cfg: dict) -> MTPSpec:
                    attention_bias=cfg.get("attention_bias", False))
 
 
-def _deepseek_v3_block(spec: MTPSpec, cfg: dict, keys: list[str] | None = None) -> HFDecoderMTPBlock:
+def _deepseek_v3_block(spec: MTPSpec, cfg: dict, keys: list[str] | None = None) -> DeepseekV3MTPBlock:
     from transformers import DeepseekV3Config
-    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer, DeepseekV3RotaryEmbedding
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RotaryEmbedding
 
-    # MLA caches the normed latent [1 head, kv_lora_rank] and the roped shared key [1 head, qk_rope_head_dim].
-    shapes = ((1, cfg["kv_lora_rank"]), (1, cfg["qk_rope_head_dim"]))
-    return _hf_block(DeepseekV3DecoderLayer, DeepseekV3RotaryEmbedding, DeepseekV3Config, cfg, keys, shapes)
+    config = _hf_config(DeepseekV3Config, cfg)
+    return _moe_family_block(DeepseekV3MTPBlock, config, DeepseekV3RotaryEmbedding, cfg, keys)
 
 
 def _glm4_moe_spec(cfg: dict) -> MTPSpec:
@@ -397,12 +286,12 @@ def _glm4_moe_spec(cfg: dict) -> MTPSpec:
                    attention_bias=cfg.get("attention_bias", False))
 
 
-def _glm4_moe_block(spec: MTPSpec, cfg: dict, keys: list[str] | None = None) -> HFDecoderMTPBlock:
+def _glm4_moe_block(spec: MTPSpec, cfg: dict, keys: list[str] | None = None) -> Glm4MoeMTPBlock:
     from transformers import Glm4MoeConfig
-    from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeDecoderLayer, Glm4MoeRotaryEmbedding
+    from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeRotaryEmbedding
 
-    kv = (spec.num_key_value_heads, spec.head_dim)
-    return _hf_block(Glm4MoeDecoderLayer, Glm4MoeRotaryEmbedding, Glm4MoeConfig, cfg, keys, (kv, kv))
+    config = _hf_config(Glm4MoeConfig, cfg)
+    return _moe_family_block(Glm4MoeMTPBlock, config, Glm4MoeRotaryEmbedding, cfg, keys)
 
 
 # model_type -> (spec builder, block factory); registered by dmtp.models.mtp_loading.
@@ -427,4 +316,4 @@ def block_accepts_keys(factory) -> bool:
 
 
 __all__ = ["FAMILIES", "Qwen35MTPBlock", "Qwen35GatedAttention", "Qwen35SparseMoE", "PerExpertSwiGLU", "PackedSwiGLU",
-           "HFDecoderMTPBlock", "RowCache", "block_accepts_keys"]
+           "DeepseekV3MTPBlock", "Glm4MoeMTPBlock", "block_accepts_keys"]
