@@ -2,13 +2,17 @@
 
 * tau (acceptance length) and tok/s for ar, mtp415 and every drafter given (raw DFlash and DMTP variants);
 * DMTP / DFlash ratios (tau and tok/s) for every DMTP drafter against the raw_dflash one;
-* our AR runner against transformers' `generate()` on the same target and prompts.
+* our AR runner against transformers' `generate()` on the same target and prompts;
+* with several `--verification` modes, every method decoded under each of them, side by side.
 
     python tools/bench_decode.py --drafter outputs/train/runs/A/drafter --drafter outputs/train/runs/B/drafter
     python tools/bench_decode.py --preset micro --random-drafters raw_dflash,dual_anchor_zero_init   # plumbing check
+    python tools/bench_decode.py --drafter <raw D> --drafter <DMTP D> --temperature 1 \
+        --verification target_only rejection block      # tau and tok/s of each verification rule
 
 With no --drafter and no --random-drafters, the newest trained drafter under ./outputs or ./logs is used
-(if any). Writes a JSON report with --out.
+(if any). Writes a JSON report with --out: the first verification mode's figures at the top level (as with one
+mode) and every mode's under `by_verification`.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer  # noqa: E402
+from dmtp.decode.loop import VERIFICATION_MODES  # noqa: E402
 from dmtp.decode.metrics import format_table, throughput  # noqa: E402
 from dmtp.infer import (decode_workloads, embedded_prompts, find_latest_drafter, load_drafter_for,  # noqa: E402
                         resolve_device, resolve_dtype)
@@ -94,6 +99,57 @@ def throughput_vs_batch(decoders, workloads, batch_sizes, max_new_tokens: int, s
     return out
 
 
+def bench_sampling(decoders, workloads, sampling, args, title: str) -> tuple[dict, dict]:
+    """Every method on every workload under one sampling config: prints the methods' table, the
+    DMTP / DFlash ratios, merged repeated drafters and (if asked) tok/s vs batch size. Returns the
+    report's figures for this config and the raw return value of `decode_workloads`."""
+    metrics = decode_workloads(decoders, workloads, max_new_tokens=args.max_new_tokens, sampling=sampling,
+                               batch_size=args.batch_size, warmup=True, progress=True)
+    overall = metrics["overall"]
+    ar_tps = overall["ar"]["tokens_per_s"]
+    rows = [{"method": m, "tau": s["tau_per_request"], "tau_verify": s["tau_per_verify"], "t1_accept": s["t1_accept"],
+             "tok/s": s["tokens_per_s"], "speedup_vs_ar": s["tokens_per_s"] / ar_tps,
+             "ms/round": s["stage_ms_per_round"].get("round")} for m, s in overall.items()]
+    print(format_table(rows, ["method", "tau", "tau_verify", "t1_accept", "tok/s", "speedup_vs_ar", "ms/round"],
+                       title=title))
+    ratios = dmtp_over_dflash(overall)
+    grouped = grouped_summary(overall, metrics["workloads"])
+    if any("#" in m for m in overall):
+        print("\nrepeated drafters merged (mean ± stdev):" + grouped_table(grouped))
+    by_batch = throughput_vs_batch(decoders, workloads, args.throughput_batch_sizes, args.max_new_tokens, sampling)
+    figures = {"methods": dict(overall), "workloads": metrics["workloads"], "dmtp_over_dflash": ratios,
+               "grouped": grouped, "throughput_vs_batch": by_batch}
+    return figures, metrics
+
+
+def dmtp_over_dflash(overall: dict) -> dict:
+    """tau and tok/s ratios (and T1 acceptance points) of every drafter over the first raw_dflash one; printed."""
+    raw = [m for m in overall if m.startswith("raw_dflash")]
+    if not raw:
+        return {}
+    base = overall[raw[0]]
+    ratios = {}
+    for m, s in overall.items():
+        if m in ("ar", "mtp415") or m == raw[0]:
+            continue
+        ratios[m] = {"tau_ratio": s["tau_per_request"] / base["tau_per_request"],
+                     "tps_ratio": s["tokens_per_s"] / base["tokens_per_s"],
+                     "t1_points": 100 * ((s["t1_accept"] or 0) - (base["t1_accept"] or 0))}
+        print(f"{m} / {raw[0]}: tau x{ratios[m]['tau_ratio']:.3f} ({100 * (ratios[m]['tau_ratio'] - 1):+.2f}%), "
+              f"tok/s x{ratios[m]['tps_ratio']:.3f}, T1 {ratios[m]['t1_points']:+.2f} points")
+    return ratios
+
+
+def verification_table(methods_by_mode: dict[str, dict], title: str) -> str:
+    """One row per method; tau (per request) and tok/s under every verification mode, side by side."""
+    modes = list(methods_by_mode)
+    rows = [{"method": m, **{f"{key} {mode}": methods_by_mode[mode][m][field] for mode in modes
+                             for key, field in (("tau", "tau_per_request"), ("tok/s", "tokens_per_s"))}}
+            for m in methods_by_mode[modes[0]]]
+    columns = ["method"] + [f"{key} {mode}" for mode in modes for key in ("tau", "tok/s")]
+    return format_table(rows, columns, title=title)
+
+
 def random_drafter(target, name: str, mask_token_id: int, device, dtype, seed: int = 0):
     from dmtp.injection.io import fresh_drafter_for
 
@@ -154,7 +210,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default=None, help="write the JSON report here")
     ap.add_argument("--throughput-batch-sizes", type=int, nargs="*", default=[],
                     help="also decode all prompts together at each batch size: tok/s vs batch size")
+    ap.add_argument("--verification", nargs="+", default=["target_only"], choices=VERIFICATION_MODES, metavar="MODE",
+                    help=f"verification mode(s), any of {' '.join(VERIFICATION_MODES)}: every method is decoded under "
+                         "each, side by side (they differ only at --temperature > 0; 1 is the methods' throughput setting)")
     args = ap.parse_args(argv)
+    modes = list(dict.fromkeys(args.verification))
+    if len(modes) > 1 and args.temperature <= 0:
+        print("note: at temperature 0 every verification mode is greedy verification (identical tokens and tau); "
+              "pass --temperature 1 to compare them")
 
     from dmtp.models.mtp_loading import load_native_mtp
     from dmtp.models.target import TargetModel, load_tokenizer
@@ -197,35 +260,16 @@ def main(argv=None) -> dict:
                                                              name=label), eos_token_id=eos, cuda_graphs=graphs)
 
     workloads = embedded_prompts(tok, args.domains.split(","), args.num_prompts, args.prompt_tokens)
-    sampling = SamplingConfig(temperature=args.temperature)
-    metrics = decode_workloads(decoders, workloads, max_new_tokens=args.max_new_tokens, sampling=sampling,
-                               batch_size=args.batch_size, warmup=True, progress=True)
-    overall = metrics["overall"]
-    ar_tps = overall["ar"]["tokens_per_s"]
-    rows = [{"method": m, "tau": s["tau_per_request"], "tau_verify": s["tau_per_verify"], "t1_accept": s["t1_accept"],
-             "tok/s": s["tokens_per_s"], "speedup_vs_ar": s["tokens_per_s"] / ar_tps,
-             "ms/round": s["stage_ms_per_round"].get("round")} for m, s in overall.items()]
-    print(format_table(rows, ["method", "tau", "tau_verify", "t1_accept", "tok/s", "speedup_vs_ar", "ms/round"],
-                       title=f"decoding on {path} ({device}, {str(dtype).replace('torch.', '')}, batch {args.batch_size})"))
-
-    ratios = {}
-    raw = [m for m in overall if m.startswith("raw_dflash")]
-    if raw:
-        base = overall[raw[0]]
-        for m, s in overall.items():
-            if m in ("ar", "mtp415") or m == raw[0]:
-                continue
-            ratios[m] = {"tau_ratio": s["tau_per_request"] / base["tau_per_request"],
-                         "tps_ratio": s["tokens_per_s"] / base["tokens_per_s"],
-                         "t1_points": 100 * ((s["t1_accept"] or 0) - (base["t1_accept"] or 0))}
-            print(f"{m} / {raw[0]}: tau x{ratios[m]['tau_ratio']:.3f} ({100 * (ratios[m]['tau_ratio'] - 1):+.2f}%), "
-                  f"tok/s x{ratios[m]['tps_ratio']:.3f}, T1 {ratios[m]['t1_points']:+.2f} points")
-
-    grouped = grouped_summary(overall, metrics["workloads"])
-    if any("#" in m for m in overall):
-        print("\nrepeated drafters merged (mean ± stdev):" + grouped_table(grouped))
-
-    by_batch = throughput_vs_batch(decoders, workloads, args.throughput_batch_sizes, args.max_new_tokens, sampling)
+    runs = {mode: bench_sampling(decoders, workloads, SamplingConfig(temperature=args.temperature, verification=mode),
+                                 args, title=f"decoding on {path} ({device}, {str(dtype).replace('torch.', '')}, "
+                                             f"batch {args.batch_size}, T={args.temperature:g}, verification={mode})")
+            for mode in modes}
+    by_mode = {mode: figures for mode, (figures, _) in runs.items()}
+    if len(modes) > 1:
+        print("\n" + verification_table({mode: figures["methods"] for mode, figures in by_mode.items()},
+                                        title=f"side by side, T={args.temperature:g} (tau per request, tok/s):"))
+    first, metrics = runs[modes[0]]
+    ar_tps = first["methods"]["ar"]["tokens_per_s"]
 
     hf = None
     if not args.no_hf:
@@ -238,9 +282,8 @@ def main(argv=None) -> dict:
         hf = {k: v for k, v in hf.items() if k != "tokens"} | {"identical_outputs": same, "requests": len(prompts)}
 
     report = {"target": path, "device": str(device), "dtype": str(dtype), "batch_size": args.batch_size,
-              "max_new_tokens": args.max_new_tokens, "methods": {m: s for m, s in overall.items()},
-              "workloads": metrics["workloads"], "dmtp_over_dflash": ratios, "grouped": grouped,
-              "throughput_vs_batch": by_batch, "hf_generate": hf}
+              "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "verification": modes,
+              **first, "hf_generate": hf, "by_verification": by_mode}
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
         print(f"report written to {args.out}")

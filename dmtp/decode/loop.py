@@ -38,16 +38,21 @@ from dmtp.decode.metrics import AcceptanceRecorder, StageTimer, throughput
 from dmtp.decode.proposers import (ARProposer, DrafterProposer, MTPChainProposer, Proposer, ScriptedProposer)
 from dmtp.decode.runner_base import TargetRunner
 from dmtp.decode.runners import make_target_runner
-from dmtp.decode.verify import accept_rejection_sampling, accept_target_only, probs_from_logits, sample_tokens
+from dmtp.decode.verify import (accept_block_verification, accept_rejection_sampling, accept_target_only,
+                                probs_from_logits, sample_tokens)
 
-VERIFICATION_MODES = ("target_only", "rejection")
+VERIFICATION_MODES = ("target_only", "rejection", "block")
+# The modes that verify drafts sampled from the proposers' q, each with its device-side acceptance rule.
+_ACCEPT_WITH_DRAFT_PROBS = {"rejection": accept_rejection_sampling, "block": accept_block_verification}
 
 
 @dataclass(frozen=True)
 class SamplingConfig:
     """temperature 0 = greedy. `verification`: target_only (sample the target at every slot, accept
-    while equal; drafts are the proposers' argmax) or rejection (drafts sampled from the proposers'
-    q and accepted with min(1, p/q); higher acceptance at temperature > 0, same output distribution)."""
+    while equal; drafts are the proposers' argmax), rejection (drafts sampled from the proposers' q,
+    each accepted with min(1, p/q), token by token) or block (the same drafts verified jointly, Sun et
+    al. 2025: on average never fewer accepted than rejection). Both accept more than target_only at
+    temperature > 0, with the same output distribution; at temperature 0 every mode is greedy."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -57,6 +62,13 @@ class SamplingConfig:
     def __post_init__(self):
         if self.verification not in VERIFICATION_MODES:
             raise ValueError(f"verification must be one of {VERIFICATION_MODES}, got {self.verification!r}")
+        # Named as on the command line (dmtp.infer temperature= top_p= top_k=).
+        if not self.temperature >= 0:   # also catches NaN
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
+        if self.top_k != int(self.top_k) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k}")
 
     @property
     def greedy(self) -> bool:
@@ -64,7 +76,7 @@ class SamplingConfig:
 
     @property
     def uses_draft_probs(self) -> bool:
-        return self.verification == "rejection" and not self.greedy
+        return self.verification in _ACCEPT_WITH_DRAFT_PROBS and not self.greedy
 
     def key(self) -> tuple:
         return (float(self.temperature), int(self.top_k), float(self.top_p), self.verification)
@@ -261,7 +273,8 @@ class SpecDecoder:
         out = runner.verify(tokens, positions)
         if s.uses_draft_probs and k:
             p = probs_from_logits(out.logits, s.temperature, s.top_k, s.top_p)
-            y, acc = accept_rejection_sampling(st.candidates, st.q, p, generator=st.generator)
+            accept = _ACCEPT_WITH_DRAFT_PROBS[s.verification]
+            y, acc = accept(st.candidates, st.q, p, generator=st.generator)
         else:
             y = sample_tokens(out.logits, s.temperature, s.top_k, s.top_p, generator=st.generator)
             acc = accept_target_only(st.candidates, y)
@@ -434,10 +447,10 @@ _SNAPSHOT_SKIP = {"g_buf", "ref", "ctx_positions", "offsets", "row_offsets", "bl
 
 
 def _snapshot(st: DecodeState, runner: TargetRunner, proposer: Proposer) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(buffer, copy) of every small mutable decoding tensor that a warm-up round changes: the loop
-    state, the runner's lengths and the proposer's own buffers. KV caches and the per-position MTP
-    buffer are left alone: warm-up only writes them at positions >= the committed lengths, which are
-    scratch once the lengths are restored."""
+    """(buffer, copy) of every mutable decoding tensor that a warm-up round changes: the loop state,
+    the runner's `round_state()` (lengths; a recurrent target's committed states) and the proposer's
+    own buffers. KV caches and the per-position MTP buffer are left alone: warm-up only writes them at
+    positions >= the committed lengths, which are scratch once the lengths are restored."""
     seen: set[int] = set()
     out = []
     objs = [st, proposer, getattr(proposer, "mtp_state", None), getattr(proposer, "dstate", None)]
@@ -449,8 +462,7 @@ def _snapshot(st: DecodeState, runner: TargetRunner, proposer: Proposer) -> list
                     and not isinstance(v, torch.nn.Parameter):
                 seen.add(id(v))
                 out.append(v)
-    if id(runner.lengths) not in seen:
-        out.append(runner.lengths)
+    out += [t for t in runner.round_state() if id(t) not in seen]
     return [(t, t.clone()) for t in out]
 
 

@@ -5,6 +5,11 @@ Every round the target runs one forward over ``[A, c1..cK]`` and returns logits
 This module turns those logits into the round's emitted tokens and the number of
 accepted candidates per row.
 
+Three acceptance rules share one contract: :func:`accept_target_only` (drafts compared with the
+target's own samples), :func:`accept_rejection_sampling` (token-wise, Leviathan et al. 2023) and
+:func:`accept_block_verification` (the whole block jointly, Sun et al. 2025). The last two need
+the proposal distributions ``q`` the drafts were sampled from.
+
 All functions stay on the tensors' device and use only fixed-shape ops: no ``.item()``,
 ``.cpu()``, ``nonzero``, boolean-mask indexing, data-dependent Python branches or
 ``torch.multinomial``. The only Python branches are on plain Python arguments
@@ -30,6 +35,8 @@ __all__ = [
     "sample_from_probs",
     "accept_target_only",
     "accept_rejection_sampling",
+    "block_verification_plan",
+    "accept_block_verification",
 ]
 
 
@@ -126,6 +133,16 @@ def accept_target_only(candidates: Tensor, target_tokens: Tensor) -> Tensor:
     return matches.long().cumprod(dim=1).sum(dim=1)
 
 
+def _check_block_shapes(candidates: Tensor, draft_probs: Tensor, target_probs: Tensor) -> None:
+    bsz, k = candidates.shape
+    if draft_probs.shape[:2] != (bsz, k) or target_probs.shape[:2] != (bsz, k + 1):
+        raise ValueError(
+            "shape mismatch: candidates [B,K], draft_probs [B,K,V], target_probs [B,K+1,V] "
+            f"got {tuple(candidates.shape)}, {tuple(draft_probs.shape)}, "
+            f"{tuple(target_probs.shape)}"
+        )
+
+
 def accept_rejection_sampling(
     candidates: Tensor,
     draft_probs: Tensor,
@@ -152,13 +169,8 @@ def accept_rejection_sampling(
         round's tokens; later positions hold each position's own residual sample
         (don't-care).
     """
-    bsz, k = candidates.shape
-    if draft_probs.shape[:2] != (bsz, k) or target_probs.shape[:2] != (bsz, k + 1):
-        raise ValueError(
-            "shape mismatch: candidates [B,K], draft_probs [B,K,V], target_probs [B,K+1,V] "
-            f"got {tuple(candidates.shape)}, {tuple(draft_probs.shape)}, "
-            f"{tuple(target_probs.shape)}"
-        )
+    _check_block_shapes(candidates, draft_probs, target_probs)
+    k = candidates.shape[1]
     p = target_probs.float()
     q = draft_probs.float()
     p_draft = p[:, :k]
@@ -185,4 +197,105 @@ def accept_rejection_sampling(
     pos = torch.arange(k + 1, device=candidates.device).unsqueeze(0)  # [1, K+1]
     cand_ext = torch.cat([candidates.long(), fallback[:, k:]], dim=1)  # [B, K+1]
     emitted = torch.where(pos < accepted.unsqueeze(1), cand_ext, fallback)
+    return emitted, accepted
+
+
+def _running_block_weights(p_cand: Tensor, q_cand: Tensor) -> Tensor:
+    """``w_0 = 1``, ``w_i = min(w_{i-1} * p_i(X_i) / q_i(X_i), 1)`` for ``i = 1..K`` -> ``[B, K+1]``.
+
+    ``p_cand``/``q_cand`` ``[B, K]`` are the target's and the draft's probabilities of the drafted
+    tokens. A short static loop over K (a shape, not data): each step clips at 1, so it is not a
+    plain cumulative product. A draft token with ``q = 0`` (never sampled from q; possible only for
+    hand-made drafts) has an infinite ratio: weight 1 if ``w_{i-1} * p_i(X_i) > 0``, else 0.
+    """
+    tiny = torch.finfo(torch.float32).tiny
+    weights = [p_cand.new_ones(p_cand.shape[0])]
+    for i in range(p_cand.shape[1]):
+        carried = weights[-1] * p_cand[:, i]
+        q_i = q_cand[:, i]
+        weights.append(torch.where(q_i > 0, (carried / q_i.clamp_min(tiny)).clamp_max(1.0), (carried > 0).float()))
+    return torch.stack(weights, dim=1)
+
+
+def block_verification_plan(
+    candidates: Tensor, draft_probs: Tensor, target_probs: Tensor
+) -> tuple[Tensor, Tensor]:
+    """The deterministic half of block verification (Sun et al., ICLR 2025, arXiv 2403.10444, Alg. 2).
+
+    With ``p_i = target_probs[:, i-1]`` (``Mb(.|X^{i-1})``), ``q_i = draft_probs[:, i-1]``
+    (``Ms(.|X^{i-1})``) and the running weights ``w`` of :func:`_running_block_weights`:
+
+    * residual after ``X^i`` (``i < K``): ``r_i(x) = max(w_i * p_{i+1}(x) - q_{i+1}(x), 0)``;
+    * stop weight ``h_i = sum_x r_i(x) / (sum_x r_i(x) + 1 - w_i)`` for ``0 < i < K``, ``h_K = w_K``
+      and ``h_0 = 1`` (the algorithm's default ``tau = 0``);
+    * the round keeps ``tau = max{i : eta_i < h_i}`` drafts (``eta_i ~ U[0, 1)``) and then draws one
+      token from ``normalize(r_tau)`` when ``tau < K``, from ``p_{K+1}`` when ``tau = K``.
+
+    Degenerate cases, all without NaNs: zero residual mass gives ``h_i = 0`` (a stop there would
+    have nothing to sample; in exact arithmetic it has probability 0), and its next-token
+    distribution falls back to the target's ``p_{i+1}`` (only reachable as ``tau = 0`` through
+    rounding); ``p_i(X_i) = 0`` zeroes ``w`` from ``i`` on, hence every later ``h``.
+
+    Returns:
+        ``(stop_probs [B, K+1], next_dists [B, K+1, V])``: ``stop_probs[:, i] = h_i`` and
+        ``next_dists[:, i]`` the distribution of the round's last token when ``tau = i``. Given the
+        drafts, ``P(tau = i) = h_i * prod_{j > i} (1 - h_j)``.
+    """
+    _check_block_shapes(candidates, draft_probs, target_probs)
+    k = candidates.shape[1]
+    tiny = torch.finfo(torch.float32).tiny
+    p = target_probs.float()
+    q = draft_probs.float()
+    idx = candidates.long().unsqueeze(-1)
+    w = _running_block_weights(p[:, :k].gather(-1, idx).squeeze(-1), q.gather(-1, idx).squeeze(-1))
+
+    resid = (w[:, :k, None] * p[:, :k] - q).clamp_min(0.0)  # [B, K, V]: r_0..r_{K-1}
+    mass = resid.sum(dim=-1)  # [B, K]
+    # mass > 0 makes the denominator >= mass > 0 (w <= 1). (1 - w) is formed first: adding a tiny
+    # mass to 1.0 would round it away.
+    h_inner = torch.where(mass > 0, mass / (mass + (1.0 - w[:, :k])).clamp_min(tiny), torch.zeros_like(mass))
+    h = torch.cat([h_inner, w[:, k:]], dim=1)  # h_0..h_{K-1}, h_K = w_K  ([B, 1] = w_0 when K = 0)
+    stop_probs = torch.cat([torch.ones_like(h[:, :1]), h[:, 1:]], dim=1)
+
+    norm = resid / mass.clamp_min(tiny).unsqueeze(-1)
+    resid_dists = torch.where(mass.unsqueeze(-1) > 0, norm, p[:, :k])
+    next_dists = torch.cat([resid_dists, p[:, k:]], dim=1)  # [B, K+1, V]
+    return stop_probs, next_dists
+
+
+def accept_block_verification(
+    candidates: Tensor,
+    draft_probs: Tensor,
+    target_probs: Tensor,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Block verification of a chain block, fully on device (same contract as
+    :func:`accept_rejection_sampling`).
+
+    The whole draft block is verified jointly (:func:`block_verification_plan`): the emitted
+    sequence is distributed exactly as sampling from the target, and the expected number of
+    accepted drafts is never below token-wise rejection sampling's for the same drafts (it is
+    optimal among verifiers that see only the drafted path's probabilities).
+
+    Args:
+        candidates: ``[B, K]`` drafted tokens, sampled autoregressively from ``draft_probs``.
+        draft_probs: ``[B, K, V]``: ``draft_probs[:, i]`` is the distribution candidate ``i`` was
+            drawn from, given the earlier candidates.
+        target_probs: ``[B, K+1, V]`` target distributions (see :func:`probs_from_logits`).
+        generator: optional generator on the tensors' device.
+
+    Returns:
+        ``(emitted [B, K+1] long, accepted [B] long)``. ``emitted[:, :accepted+1]`` are the
+        round's tokens; later positions are don't-care.
+    """
+    stop_probs, next_dists = block_verification_plan(candidates, draft_probs, target_probs)
+    k = candidates.shape[1]
+    eta = torch.rand(stop_probs.shape, dtype=torch.float32, device=stop_probs.device, generator=generator)
+    # eta in [0, 1): P(eta < h) = h exactly; h_0 = 1 always stops, so tau = 0 when nothing later does.
+    stops = eta < stop_probs
+    pos = torch.arange(k + 1, device=candidates.device).unsqueeze(0)  # [1, K+1]
+    accepted = (stops.long() * pos).amax(dim=1)  # tau: the LAST position whose eta is below h
+    last = sample_from_probs(next_dists, generator=generator)  # [B, K+1]: a draw for every tau
+    cand_ext = torch.cat([candidates.long(), last[:, k:]], dim=1)
+    emitted = torch.where(pos < accepted.unsqueeze(1), cand_ext, last)
     return emitted, accepted
