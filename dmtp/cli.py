@@ -23,3 +23,9 @@ def one_line_errors(prog: str):
         message = " ".join(str(err).split()) or type(err).__name__
         print(f"{prog}: error: {message}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def reason(err: BaseException, limit: int = 160) -> str:
+    """The first sentence of a library's error, to quote inside a one-line message."""
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return first.split(". ")[0][:limit]

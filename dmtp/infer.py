@@ -22,6 +22,7 @@ from dmtp.cli import one_line_errors
 from dmtp.decode.loop import SamplingConfig, SpecDecoder, build_proposer
 from dmtp.decode.metrics import format_table
 
+TRUNCATE_MODES = (None, "left")   # eval.truncate
 NO_DRAFTER_MESSAGE = ("[dmtp] no trained drafter found under ./outputs or ./logs; train one first: "
                       "python -m dmtp.train injection=dual_anchor_zero_init  (or pass drafter=<dir>)")
 
@@ -50,7 +51,9 @@ def _drafter_target(drafter_dir: Path | None) -> str | None:
     """The target a dmtp-trained drafter records in its config (if that checkpoint still exists)."""
     if drafter_dir is None or not (Path(drafter_dir) / "config.json").exists():
         return None
-    path = json.loads((Path(drafter_dir) / "config.json").read_text()).get("dmtp", {}).get("target")
+    from dmtp.models.drafter import read_drafter_config
+
+    path = read_drafter_config(drafter_dir).get("dmtp", {}).get("target")
     return path if path and Path(path).is_dir() else None
 
 
@@ -84,20 +87,77 @@ def eval_set_prompts(tokenizer, name: str, path: str, num_prompts: int) -> tuple
     return requests, {name: [build_turn_prompts(tokenizer, r, [], use_raw_prompt=True) for r in requests]}
 
 
+def decode_options(cfg) -> SamplingConfig:
+    """Check the decoding options before anything is loaded (one line naming the option); -> sampling."""
+    for key in ("batch_size", "max_new_tokens", "num_prompts"):
+        value = cfg[key]
+        if key == "num_prompts" and value is None:
+            continue   # a named eval set: all of it
+        if type(value) is not int or value < 1:
+            raise ValueError(f"{key} must be an integer >= 1, got {value}")
+    if cfg.eval.get("truncate") not in TRUNCATE_MODES:
+        raise ValueError(f"eval.truncate must be null (refuse a prompt the target cannot take) or left, "
+                         f"got {cfg.eval.truncate!r}")
+    return SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, verification=cfg.verification)
+
+
+def prompt_limit(target, max_new_tokens: int, block: int) -> tuple[int | None, str]:
+    """The longest prompt the target can take: its position limit minus the new tokens and one verify
+    block (a round may run up to a block past the budget). -> (limit or None if unknown, explanation)."""
+    positions = getattr(target.config, "max_position_embeddings", None)
+    if not positions:
+        return None, ""
+    why = f"{positions} positions (max_position_embeddings) - max_new_tokens {max_new_tokens} - a verify block of {block}"
+    if positions - max_new_tokens - block < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt on {target.path}: {why}")
+    return positions - max_new_tokens - block, why
+
+
+def fit_prompts(workloads: dict[str, list[list[int]]], limit: int | None, why: str,
+                truncate: str | None) -> dict[str, list[list[int]]]:
+    """Refuse a prompt longer than `limit`, naming it, or (eval.truncate=left) keep its last `limit` tokens."""
+    if limit is None:
+        return workloads
+    fitted, cut = {}, 0
+    for name, prompts in workloads.items():
+        for i, prompt in enumerate(prompts):
+            if len(prompt) > limit and truncate != "left":
+                raise ValueError(f"prompt {i} of {name} has {len(prompt)} tokens; the target takes at most {limit} "
+                                 f"({why}); shorten it, or pass eval.truncate=left to keep its last {limit} tokens")
+        fitted[name] = [p[-limit:] for p in prompts]
+        cut += sum(len(p) > limit for p in prompts)
+    if cut:
+        print(f"[dmtp] eval.truncate=left: kept the last {limit} tokens of {cut} prompt(s)")
+    return fitted
+
+
 # ---------------------------------------------------------------------------------------------------
 # methods
 # ---------------------------------------------------------------------------------------------------
 
+def named_methods(cfg, overrides: list[str] | None = None) -> set[str]:
+    """The methods the user asked for by name: they must run or fail, never be skipped. With the command
+    line's `overrides`: every method of a `methods=` given there; from Python: a methods list other than
+    conf/infer.yaml's. `drafter=<dir>` always names the drafter."""
+    if overrides is None:
+        from omegaconf import OmegaConf
+
+        from dmtp.configs import CONF_DIR
+
+        defaults = list(OmegaConf.load(Path(CONF_DIR) / "infer.yaml").methods)
+        named = set(cfg.methods) if list(cfg.methods) != defaults else set()
+    else:
+        named = set(cfg.methods) if any(o.split("=", 1)[0].lstrip("+~") == "methods" for o in overrides) else set()
+    if cfg.drafter.path:
+        named.add("drafter")
+    return named
+
+
 def load_drafter_for(target, path, dtype, device, injection: str | None = None):
-    from dmtp.injection.io import load_dmtp_drafter, variant_name
+    from dmtp.injection.io import check_drafter_fits, load_dmtp_drafter, variant_name
 
     drafter, inj, meta = load_dmtp_drafter(path, dtype=dtype, injection=injection)
-    c = drafter.config
-    if c.hidden_size != target.hidden_size or c.vocab_size != target.config.vocab_size \
-            or c.num_target_layers != target.num_layers:
-        raise ValueError(f"drafter {path} was built for a different target (hidden {c.hidden_size}, vocab {c.vocab_size}, "
-                         f"{c.num_target_layers} layers) than {target.path} (hidden {target.hidden_size}, "
-                         f"vocab {target.config.vocab_size}, {target.num_layers} layers)")
+    check_drafter_fits(drafter.config, target, f"drafter {path}")
     return drafter.to(device).eval(), inj.to(device).eval(), variant_name(inj)
 
 
@@ -214,10 +274,13 @@ def jsonable(metrics: dict) -> dict:
 # the command
 # ---------------------------------------------------------------------------------------------------
 
-def run(cfg) -> dict:
+def run(cfg, named: set[str] | None = None) -> dict:
+    """Decode and report. `named`: the methods asked for by name (default: `named_methods(cfg)`)."""
     from dmtp.models.mtp_loading import MTPLoadError, load_native_mtp
     from dmtp.models.target import TargetModel, load_tokenizer
 
+    sampling = decode_options(cfg)
+    named = named_methods(cfg) if named is None else named
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     methods = list(cfg.methods)
@@ -250,7 +313,11 @@ def run(cfg) -> dict:
             mtp = load_native_mtp(target_path, target.embed_tokens, target.lm_head)
         except (MTPLoadError, FileNotFoundError) as e:
             dropped = [m for m in methods if method_needs_mtp(m, injection)]
-            print(f"[dmtp] skipping {', '.join(dropped)}: {e}")
+            required = [f"drafter {variant} ({drafter_dir})" if m == "drafter" else m for m in dropped if m in named]
+            if required:   # asked for by name: run or fail, never a quiet AR-only table
+                raise MTPLoadError(f"{', '.join(required)} needs the target's MTP, which did not load: {e}") from None
+            print(f"[dmtp] skipping {', '.join(dropped)} (default methods; name them in methods=[...] to require "
+                  f"them): {e}")
             methods = [m for m in methods if m not in dropped]
 
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else target.config.eos_token_id
@@ -267,8 +334,9 @@ def run(cfg) -> dict:
         requests = []
     else:
         requests, workloads = eval_set_prompts(tokenizer, cfg.eval.name, cfg.eval.path, cfg.num_prompts)
-    sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                              verification=cfg.verification)
+    block = 1 + max((d.num_candidates for d in decoders.values()), default=0)
+    limit, why = prompt_limit(target, cfg.max_new_tokens, block)
+    workloads = fit_prompts(workloads, limit, why, cfg.eval.get("truncate"))
     decode = dict(max_new_tokens=cfg.max_new_tokens, sampling=sampling, batch_size=cfg.batch_size, seed=cfg.seed,
                   progress=cfg.progress)
     metrics = decode_workloads(decoders, workloads, warmup=cfg.warmup, **decode)
@@ -287,7 +355,8 @@ def run(cfg) -> dict:
         rows = [i for i in rows if len(requests[i].turns) > turn]
         turn += 1
         wl_name = f"{cfg.eval.name}_turn{turn}"
-        workloads[wl_name] = [build_turn_prompts(tokenizer, requests[i], answers[i]) for i in rows]
+        workloads.update(fit_prompts({wl_name: [build_turn_prompts(tokenizer, requests[i], answers[i]) for i in rows]},
+                                     limit, why, cfg.eval.get("truncate")))
         metrics = decode_workloads(decoders, {wl_name: workloads[wl_name]}, previous=metrics, **decode)
     add_comparisons(metrics, greedy=sampling.greedy)
     first = next(iter(decoders.values())) if decoders else None
@@ -314,8 +383,10 @@ def run(cfg) -> dict:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="infer")
 def _hydra_main(cfg) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
     with one_line_errors("dmtp.infer"):
-        run(cfg)
+        run(cfg, named_methods(cfg, list(HydraConfig.get().overrides.task)))
 
 
 def cli_shorthands(argv: list[str]) -> list[str]:

@@ -12,14 +12,18 @@ import hydra
 import lightning as L
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate as hydra_instantiate
-from omegaconf import DictConfig, OmegaConf
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from dmtp.cli import one_line_errors
-from dmtp.injection.io import load_dmtp_drafter, save_dmtp_drafter, variant_name
+from dmtp.injection.io import check_drafter_fits, load_dmtp_drafter, save_dmtp_drafter, variant_name
 from dmtp.models.drafter import DFLASH_ARCH
 from dmtp.models.drafter_factory import mask_token_id_of
 from dmtp.models.mtp_loading import MTPLoadError, load_native_mtp
 from dmtp.models.target import load_tokenizer
+from dmtp.training.guards import FiniteGuard
+from dmtp.training.resume import check_checkpoint_fits, checkpoint_shapes, claim_run_dir, resume_plan
+from dmtp.training.rng_state import ResumableRNG
 
 
 def instantiate(node, *args, **kwargs):
@@ -42,9 +46,7 @@ def build_components(cfg: DictConfig):
     drafter_factory = instantiate(cfg.drafter)
     if cfg.init_from:
         drafter, _, _ = load_dmtp_drafter(cfg.init_from, injection="raw_dflash")
-        if drafter.config.hidden_size != target.hidden_size:
-            raise ValueError(f"init_from drafter hidden size {drafter.config.hidden_size} does not match the "
-                             f"target's {target.hidden_size}")
+        check_drafter_fits(drafter.config, target, f"init_from={cfg.init_from}")
         injection = make_injection(hidden_size=target.hidden_size,
                                    num_target_features=len(drafter.config.target_layer_ids),
                                    mask_token_id=drafter.config.mask_token_id)
@@ -90,16 +92,28 @@ def _instantiate_dict(node) -> list:
     return [instantiate(v) for v in (node or {}).values() if v is not None and "_target_" in v]
 
 
-def train(cfg: DictConfig) -> dict:
-    L.seed_everything(cfg.seed, workers=True)
+# Safety rules, not options: added to every run (callbacks=none included) unless already configured.
+ALWAYS_ON_CALLBACKS = (FiniteGuard, ResumableRNG)
+
+
+def train(cfg: DictConfig, callbacks=()) -> dict:
+    """Run one training job; `callbacks` are extra Lightning callbacks (notebooks, tests)."""
+    ckpt_path, resumed_dir = resume_plan(cfg.get("resume"), cfg.ckpt_path)
+    saved_shapes = checkpoint_shapes(ckpt_path) if ckpt_path is not None else None   # fail before building
+    if resumed_dir is not None:   # continue in the run's own directory (Hydra already points there)
+        with open_dict(cfg):
+            cfg.paths.output_dir = str(resumed_dir)
     output_dir = Path(cfg.paths.output_dir)
-    if cfg.ckpt_path and not Path(cfg.ckpt_path).is_file():
-        # Lightning would silently start from scratch on a missing "last" checkpoint.
-        raise FileNotFoundError(f"ckpt_path {cfg.ckpt_path} does not exist: nothing to resume")
+    if rank_zero_only.rank == 0:
+        claim_run_dir(output_dir, resuming=resumed_dir is not None)
+    L.seed_everything(cfg.seed, workers=True)
     target, tokenizer, data, module = build_components(cfg)
-    trainer = instantiate(cfg.trainer, callbacks=_instantiate_dict(cfg.get("callbacks")),
-                          logger=_instantiate_dict(cfg.get("logger")) or False)
-    trainer.fit(module, datamodule=data, ckpt_path=cfg.ckpt_path)
+    if saved_shapes is not None:
+        check_checkpoint_fits(ckpt_path, saved_shapes, module)
+    configured = _instantiate_dict(cfg.get("callbacks")) + list(callbacks)
+    configured += [cls() for cls in ALWAYS_ON_CALLBACKS if not any(isinstance(c, cls) for c in configured)]
+    trainer = instantiate(cfg.trainer, callbacks=configured, logger=_instantiate_dict(cfg.get("logger")) or False)
+    trainer.fit(module, datamodule=data, ckpt_path=ckpt_path, weights_only=True)
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
     summary = {"injection": variant_name(module.injection), "drafter_arch": module.drafter.config.architecture,

@@ -55,6 +55,17 @@ def load_dmtp_drafter(path: str | Path, dtype: torch.dtype = torch.float32, inje
     return drafter, module.to(dtype), meta
 
 
+def check_drafter_fits(config, target, what: str) -> None:
+    """A drafter runs only on the target it was built for: the same width and vocabulary (it uses the
+    target's embedding and LM head) and depth (its target_layer_ids index the target's layers)."""
+    mine = (config.hidden_size, config.vocab_size, config.num_target_layers)
+    theirs = (target.hidden_size, target.config.vocab_size, target.num_layers)
+    if mine != theirs:
+        describe = "hidden size {}, vocab {}, {} layers".format
+        raise ValueError(f"{what} was built for a different target ({describe(*mine)}) than {target.path} "
+                         f"({describe(*theirs)})")
+
+
 def fresh_drafter_for(target, name: str, mask_token_id: int, seed: int = 0, num_layers: int = 1,
                       perturb: float = 0.0) -> tuple[DFlashDrafter, Injection]:
     """An untrained drafter + injection sized to `target` (tests, benchmark plumbing): one tapped

@@ -25,11 +25,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
 from dmtp.models.qwen3 import Qwen3DecoderLayer, RMSNorm, attend, init_linear_, rope_cos_sin, rope_inv_freq
+from dmtp.models.safe_weights import require_finite, unreadable
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
@@ -383,15 +384,26 @@ def save_drafter(path, drafter: DFlashDrafter, extra_tensors: dict[str, torch.Te
     bad = [k for k in extra_tensors if k.startswith(_DRAFTER_PREFIXES)]
     if bad:
         raise ValueError(f"extra tensor key {bad[0]!r} collides with drafter names {_DRAFTER_PREFIXES}; prefix it")
+    tensors = {k: v.detach().cpu().contiguous() for k, v in drafter.state_dict().items()}
+    tensors.update({k: v.detach().cpu().contiguous() for k, v in extra_tensors.items()})
+    require_finite(tensors, f"refusing to export the drafter to {path}")
     os.makedirs(path, exist_ok=True)
     cfg = drafter.config.to_hf_config()
     if extra_config is not None:
         cfg["dmtp"] = extra_config
     with open(os.path.join(path, CONFIG_NAME), "w") as f:
         json.dump(cfg, f, indent=2)
-    tensors = {k: v.detach().cpu().contiguous() for k, v in drafter.state_dict().items()}
-    tensors.update({k: v.detach().cpu().contiguous() for k, v in extra_tensors.items()})
     save_file(tensors, os.path.join(path, WEIGHTS_NAME), metadata={"format": "pt"})
+
+
+def read_drafter_config(path) -> dict:
+    """A drafter directory's config.json, or one line naming the file when it is not JSON."""
+    cfg_path = os.path.join(os.fspath(path), CONFIG_NAME)
+    try:
+        with open(cfg_path) as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{cfg_path} is not valid JSON ({getattr(e, 'msg', e)}); is it a drafter config.json?") from None
 
 
 def load_drafter(path, dtype: torch.dtype = torch.float32):
@@ -406,14 +418,17 @@ def load_drafter(path, dtype: torch.dtype = torch.float32):
     for p in (cfg_path, w_path):
         if not os.path.isfile(p):
             raise FileNotFoundError(f"drafter file not found: {p}")
-    with open(cfg_path) as f:
-        raw = json.load(f)
+    raw = read_drafter_config(path)
     config = DFlashConfig.from_hf_config(raw)
     with torch.device("meta"):
         drafter = drafter_class(config)(config)
     expected = {k: v.shape for k, v in drafter.state_dict().items()}
     state, extras = {}, {}
-    with safe_open(w_path, framework="pt") as f:
+    try:
+        weights = safe_open(w_path, framework="pt")
+    except SafetensorError as e:
+        raise unreadable(w_path, e) from None
+    with weights as f:
         keys = list(f.keys())
         for k in keys:
             if k in expected:
@@ -425,6 +440,7 @@ def load_drafter(path, dtype: torch.dtype = torch.float32):
                 raise ValueError(f"{w_path}: unexpected drafter tensor {k}")
             else:
                 extras[k] = f.get_tensor(k)
+    require_finite({**state, **extras}, f"drafter {w_path}")
     missing = [k for k in expected if k not in state]
     if missing:
         raise ValueError(f"{w_path}: missing drafter tensor {missing[0]} ({len(missing)} missing in all)")
@@ -433,4 +449,5 @@ def load_drafter(path, dtype: torch.dtype = torch.float32):
 
 
 __all__ = ["DFlashConfig", "DFlashDrafter", "DFlashLayer", "DFLASH_ARCH", "DFLASH2_ARCH", "build_target_layer_ids",
-           "dflash_attention_mask", "drafter_class", "build_drafter_from_config", "save_drafter", "load_drafter"]
+           "dflash_attention_mask", "drafter_class", "build_drafter_from_config", "save_drafter", "load_drafter",
+           "read_drafter_config"]

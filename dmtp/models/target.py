@@ -14,9 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
+
+from dmtp.models.safe_weights import first_unreadable, require_safetensors, unreadable
 
 
 @dataclass
@@ -64,10 +67,17 @@ class TargetModel(nn.Module):
         kwargs = {"dtype": dtype, "trust_remote_code": trust_remote_code}
         if attn_implementation:
             kwargs["attn_implementation"] = attn_implementation
-        with _quiet_transformers():
-            # The checkpoint's own `mtp.*` tensors are not part of the causal LM; the MTP loader
-            # reads them separately, so transformers' "unexpected keys" report is noise here.
-            hf = AutoModelForCausalLM.from_pretrained(resolved, **kwargs)
+        local = Path(resolved).is_dir()
+        if local:   # safetensors only: a pickled pytorch_model.bin from a user's path is never read
+            require_safetensors(resolved)
+            kwargs["use_safetensors"] = True
+        try:
+            with _quiet_transformers():
+                # The checkpoint's own `mtp.*` tensors are not part of the causal LM; the MTP loader
+                # reads them separately, so transformers' "unexpected keys" report is noise here.
+                hf = AutoModelForCausalLM.from_pretrained(resolved, **kwargs)
+        except SafetensorError as e:
+            raise unreadable((first_unreadable(resolved) if local else None) or resolved, e) from None
         return cls(hf.to(device), resolved)
 
     @property

@@ -1,0 +1,119 @@
+"""Where a training run lives and how it continues: one directory per run, resumed in place.
+
+- A run directory belongs to one run. `claim_run_dir` marks it atomically when the run starts, so a
+  second run pointed at the same directory fails up front instead of replacing the first one's
+  checkpoints and drafter (default directories are unique anyway: see `dmtp.resolvers`).
+- `resume=<run dir>` continues that run from its newest checkpoint; `ckpt_path=<run>/checkpoints/<file>`
+  continues from that file. Either way the run goes on in its own directory (checkpoints, logs and the
+  exported drafter stay together); a checkpoint outside a `checkpoints/` folder starts a new directory.
+- `checkpoint_shapes` / `check_checkpoint_fits` read a checkpoint before Lightning does (tensors only,
+  `weights_only=True`), so a truncated file or one saved for another target, drafter or injection is
+  one line naming `ckpt_path`, not a size-mismatch traceback after the trainer started.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import torch
+
+from dmtp.cli import reason
+
+RUN_MARKER = ".dmtp-run"      # written once, atomically, by the run that owns the directory
+CHECKPOINTS = "checkpoints"   # <run>/checkpoints/*.ckpt (conf/callbacks/default.yaml)
+
+
+def run_dir_of(ckpt: str | Path) -> Path | None:
+    """The run a checkpoint belongs to: `<run>/checkpoints/<file>.ckpt` -> `<run>`; else None."""
+    ckpt = Path(ckpt).expanduser().absolute()
+    return ckpt.parent.parent if ckpt.parent.name == CHECKPOINTS else None
+
+
+def newest_checkpoint(run_dir: str | Path) -> Path:
+    """`last.ckpt` (ModelCheckpoint's save_last) if present, else the most recently written `*.ckpt`."""
+    folder = Path(run_dir) / CHECKPOINTS
+    if (folder / "last.ckpt").is_file():
+        return folder / "last.ckpt"
+    found = sorted(folder.glob("*.ckpt"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
+    if not found:
+        raise FileNotFoundError(f"resume={run_dir}: no checkpoint under {folder} (nothing to resume)")
+    return found[-1]
+
+
+def resume_plan(resume: str | None, ckpt_path: str | None) -> tuple[Path | None, Path | None]:
+    """-> (checkpoint to load, run directory to continue in); (None, None) for a fresh run."""
+    if resume and ckpt_path:
+        raise ValueError(f"give resume=<run dir> or ckpt_path=<file>, not both (resume={resume}, ckpt_path={ckpt_path})")
+    if resume:
+        run_dir = Path(resume).expanduser().absolute()
+        if not run_dir.is_dir():
+            raise FileNotFoundError(f"resume={resume}: no such run directory")
+        return newest_checkpoint(run_dir), run_dir
+    if ckpt_path:
+        ckpt = Path(ckpt_path).expanduser()
+        if not ckpt.is_file():
+            # Lightning would silently start from scratch on a missing "last" checkpoint.
+            raise FileNotFoundError(f"ckpt_path {ckpt_path} does not exist: nothing to resume (resume=<run dir> "
+                                    "finds a run's newest checkpoint)")
+        return ckpt, run_dir_of(ckpt)
+    return None, None
+
+
+def hydra_run_dir(resume, ckpt_path, default: str) -> str:
+    """`hydra.run.dir` (resolver `dmtp_run_dir`): the resumed run's directory, else `default`. Never
+    raises: a bad resume/ckpt_path is reported by `train` as one line, not by Hydra as a traceback."""
+    try:
+        _, run_dir = resume_plan(resume, ckpt_path)
+    except (ValueError, OSError):
+        return default
+    return str(run_dir) if run_dir else default
+
+
+def claim_run_dir(run_dir: str | Path, resuming: bool) -> None:
+    """Mark `run_dir` as this run's, or fail if another run already holds it (its marker, checkpoints or
+    drafter). A run resumed in its own directory keeps it."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    marker = run_dir / RUN_MARKER
+    if resuming:
+        marker.touch()
+        return
+    taken = f"{run_dir} already holds another training run ({{}}); continue it with resume={run_dir}, or leave " \
+            "hydra.run.dir / paths.output_dir to their unique defaults"
+    if (run_dir / "drafter").exists() or any(run_dir.glob(f"{CHECKPOINTS}/*.ckpt")):
+        raise ValueError(taken.format("its checkpoints or drafter"))
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))   # atomic: exactly one run wins
+    except FileExistsError:
+        raise ValueError(taken.format(RUN_MARKER)) from None
+
+
+def checkpoint_shapes(ckpt: str | Path) -> dict[str, tuple[int, ...]]:
+    """The tensor shapes a checkpoint holds, read before anything is built (tensors only: nothing in
+    the file is executed)."""
+    try:
+        state = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, ValueError) as e:
+        raise ValueError(f"ckpt_path {ckpt} is not a readable Lightning checkpoint written by dmtp ({reason(e)})") from None
+    saved = state.get("state_dict") if isinstance(state, dict) else None
+    if not isinstance(saved, dict):
+        raise ValueError(f"ckpt_path {ckpt} is not a Lightning checkpoint (no state_dict)")
+    return {k: tuple(v.shape) for k, v in saved.items()}
+
+
+def check_checkpoint_fits(ckpt: str | Path, shapes: dict[str, tuple[int, ...]], module: torch.nn.Module) -> None:
+    """The checkpoint holds exactly the module's trainable tensors, with the same shapes."""
+    from dmtp.training.module import FROZEN_PREFIXES   # what checkpoints leave out
+
+    mine = {k: tuple(v.shape) for k, v in module.state_dict().items() if not k.startswith(FROZEN_PREFIXES)}
+    foreign = " (saved for another target, drafter or injection variant?)"
+    for key, shape in mine.items():
+        if key not in shapes:
+            raise ValueError(f"ckpt_path {ckpt} has no tensor {key}{foreign}")
+        if shapes[key] != shape:
+            raise ValueError(f"ckpt_path {ckpt}: tensor {key} has shape {list(shapes[key])}, this run's has "
+                             f"{list(shape)}{foreign}")
+    extra = sorted(set(shapes) - set(mine))
+    if extra:
+        raise ValueError(f"ckpt_path {ckpt} holds tensor {extra[0]} that this run does not have{foreign}")
