@@ -22,9 +22,12 @@ def build_drafter(target, context_dim: int, mask_token_id: int, num_layers: int 
                   architecture: str = "dflash", output_multiplier: float = 1.0, final_logit_softcapping: float = 0.0,
                   conv_kernel_size: int = 2, conv_group_size: int = 16, selector_rank: int = 32,
                   selector_top_k: int = 8, selector_alpha: float = 1.0, selector_warmup_steps: int = 0,
-                  selector_ramp_steps: int = 0, selector_gold_outside_topk: str = "replace") -> DFlashDrafter:
+                  selector_ramp_steps: int = 0, selector_gold_outside_topk: str = "replace",
+                  init_from_target_layers: bool = False) -> DFlashDrafter:
     """Same width and heads as the target (its embedding and LM head are reused); `num_layers` deep.
-    `architecture` dflash | dflash2; the conv_*/selector_* options apply to dflash2 only."""
+    `architecture` dflash | dflash2; the conv_*/selector_* options apply to dflash2 only.
+    `init_from_target_layers`: start each draft layer from one of the target's last `num_layers`
+    decoder layers (same names and shapes; the context path starts fresh)."""
     if architecture not in ARCHITECTURES:
         raise ValueError(f"drafter architecture must be one of {', '.join(ARCHITECTURES)}, got {architecture!r}")
     dflash2 = {}
@@ -51,4 +54,25 @@ def build_drafter(target, context_dim: int, mask_token_id: int, num_layers: int 
         max_position_embeddings=cfg.max_position_embeddings, layer_types=layer_types,
         sliding_window=sliding_window, is_causal=is_causal, output_multiplier=float(output_multiplier),
         final_logit_softcapping=float(final_logit_softcapping or 0.0), **dflash2)
-    return build_drafter_from_config(config)
+    drafter = build_drafter_from_config(config)
+    if init_from_target_layers:
+        copy_target_layers_(drafter, target)
+    return drafter
+
+
+def copy_target_layers_(drafter, target) -> None:
+    """Draft layer i <- target layer (L - n + i): every tensor of the draft layer must exist in the target
+    layer under the same name and shape (dense Qwen3/Llama-style targets)."""
+    base = getattr(target.hf, "model", None)
+    layers = getattr(base, "layers", None)
+    n = len(drafter.layers)
+    if layers is None or len(layers) < n:
+        raise ValueError(f"init_from_target_layers: the target has no {n} decoder layers to copy")
+    for draft_layer, source in zip(drafter.layers, list(layers)[-n:]):
+        src = source.state_dict()
+        own = draft_layer.state_dict()
+        bad = [k for k, v in own.items() if k not in src or src[k].shape != v.shape]
+        if bad:
+            raise ValueError(f"init_from_target_layers: the target's {type(source).__name__} has no tensor {bad[0]} "
+                             f"of shape {tuple(own[bad[0]].shape)}")
+        draft_layer.load_state_dict({k: src[k].detach().clone() for k in own}, strict=True)

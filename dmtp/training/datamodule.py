@@ -7,7 +7,6 @@ cached), which is what makes `val/<domain>/tau` an exact acceptance figure.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 from pathlib import Path
@@ -15,12 +14,17 @@ from pathlib import Path
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
-from tqdm.auto import tqdm
 
+from dmtp.cli import reason
 from dmtp.data.corpora import DOMAINS, texts
 from dmtp.data.prompts import held_out_prompts
 from dmtp.data.records import encode_record
-from dmtp.paths import dmtp_home
+from dmtp.data.regenerate import RegenSettings, regenerate
+from dmtp.training.sampler import ResumableLoader, ResumableSampler
+
+
+def _split_evenly(total: int, parts: int) -> list[int]:
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
 class Rows(Dataset):
@@ -62,15 +66,25 @@ def read_records(files: list[str] | None = None, hf_dataset: str | None = None, 
         path = Path(f).expanduser()
         if not path.exists():
             raise FileNotFoundError(f"training data file not found: {path}")
+        before = len(records)
         if path.suffix == ".parquet":
             import pyarrow.parquet as pq
 
-            records.extend(pq.read_table(path).to_pylist())
+            try:
+                records.extend(pq.read_table(path).to_pylist())
+            except (OSError, ValueError) as e:   # pyarrow's ArrowInvalid is a ValueError
+                raise ValueError(f"training data file {path} is not a readable Parquet file ({reason(e)})") from None
         else:
-            with path.open() as fh:
-                text = fh.read()
+            try:
+                text = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                raise ValueError(f"training data file {path} is not UTF-8 text (a binary file?); "
+                                 "expected JSONL, JSON or Parquet") from None
             if path.suffix == ".json" and text.lstrip().startswith("["):
-                records.extend(json.loads(text))
+                try:
+                    records.extend(json.loads(text))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
             else:
                 for n, line in enumerate(text.splitlines(), 1):
                     if line.strip():
@@ -78,6 +92,8 @@ def read_records(files: list[str] | None = None, hf_dataset: str | None = None, 
                             records.append(json.loads(line))
                         except json.JSONDecodeError as e:
                             raise ValueError(f"{path}:{n}: invalid JSON ({e.msg})") from None
+        if len(records) == before:
+            raise ValueError(f"training data file {path} holds no records")
     if hf_dataset:
         import datasets
 
@@ -89,51 +105,22 @@ def read_records(files: list[str] | None = None, hf_dataset: str | None = None, 
     return records[:limit] if limit else records
 
 
-@torch.no_grad()
-def greedy_continuations(target, prompts: list[list[int]], new_tokens: int, eos: int, batch_size: int = 32,
-                         desc: str = "target writes continuations") -> list[list[int]]:
-    """The target's own greedy continuation of equal-length prompts (cut at the first EOS, inclusive)."""
-    outs = []
-    hf = target.hf
-    for start in tqdm(range(0, len(prompts), batch_size), desc=desc, mininterval=2.0, dynamic_ncols=True):
-        chunk = torch.tensor(prompts[start:start + batch_size], device=target.device)
-        gen = hf.generate(chunk, attention_mask=torch.ones_like(chunk), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                          do_sample=False, pad_token_id=eos, eos_token_id=None)
-        for row in gen[:, chunk.shape[1]:].tolist():
-            cut = row.index(eos) + 1 if eos in row else len(row)
-            outs.append(row[:cut])
-    return outs
-
-
-def _cache_path(kind: str, target, payload: dict) -> Path:
-    weights = Path(getattr(target, "path", "")) / "model.safetensors"
-    stamp = weights.stat().st_mtime_ns if weights.exists() else 0
-    key = hashlib.sha1(json.dumps({"target": str(getattr(target, "path", "")), "stamp": stamp, **payload},
-                                  sort_keys=True).encode()).hexdigest()[:16]
-    return dmtp_home() / "cache" / f"{kind}-{key}.json"
-
-
-def _cached(path: Path, build):
-    if path.exists():
-        return json.loads(path.read_text())
-    value = build()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(value))
-    tmp.replace(path)
-    return value
-
-
 class DraftDataModule(L.LightningDataModule):
     def __init__(self, tokenizer, target, source: str = "embedded", domains=("code", "math"),
                  files: list[str] | None = None, hf_dataset: str | None = None, hf_split: str = "train",
                  hf_config: str | None = None, text_key: str = "text", seq_len: int = 256, batch_size: int = 8,
                  max_examples: int | None = None, regenerate: bool = False, regen_prompt_len: int = 64,
-                 regen_sequences: int = 512, val_domains=DOMAINS, val_prompts: int = 8, val_prompt_len: int = 48,
+                 regen_new_tokens: int = 192, regen_sequences: int = 512, regen_temperature: float = 0.0,
+                 regen_top_k: int = 0, regen_top_p: float = 1.0, regen_batch_size: int = 64, val_domains=DOMAINS, val_prompts: int = 8, val_prompt_len: int = 48,
                  val_new_tokens: int = 72, num_workers: int = 0, seed: int = 0):
         super().__init__()
         if source not in ("embedded", "files", "hf"):
             raise ValueError(f"data.source must be embedded, files or hf, got {source!r}")
+        if source == "files" and not files:
+            raise ValueError("data=files needs data.files, a list of local JSONL/JSON/Parquet files "
+                             "(e.g. 'data.files=[/data/train.jsonl]')")
+        if source == "hf" and not hf_dataset:
+            raise ValueError("data=hf needs data.hf_dataset (e.g. data.hf_dataset=mlabonne/open-perfectblend)")
         unknown = [d for d in list(domains) + list(val_domains) if d not in DOMAINS]
         if unknown:
             raise ValueError(f"unknown corpus domain(s) {unknown}; choose from {', '.join(DOMAINS)}")
@@ -142,7 +129,9 @@ class DraftDataModule(L.LightningDataModule):
         self.files, self.hf_dataset, self.hf_split, self.hf_config = files, hf_dataset, hf_split, hf_config
         self.text_key, self.seq_len, self.batch_size = text_key, seq_len, batch_size
         self.max_examples, self.regenerate = max_examples, regenerate
-        self.regen_prompt_len, self.regen_sequences = regen_prompt_len, regen_sequences
+        self.regen_prompt_len, self.regen_new_tokens, self.regen_sequences = regen_prompt_len, regen_new_tokens, regen_sequences
+        self.regen_temperature, self.regen_top_k, self.regen_top_p = regen_temperature, regen_top_k, regen_top_p
+        self.regen_batch_size = regen_batch_size
         self.val_domains, self.val_prompts = list(val_domains), val_prompts
         self.val_prompt_len, self.val_new_tokens = val_prompt_len, val_new_tokens
         self.num_workers, self.seed = num_workers, seed
@@ -166,38 +155,31 @@ class DraftDataModule(L.LightningDataModule):
                                self.hf_split, self.hf_config, self.max_examples)
         return [encode_record(self.tokenizer, r, self.text_key) for r in records]
 
-    def _regenerated_rows(self, examples) -> list[dict]:
-        """DFlash/SpecForge recipe: the target writes the responses, so labels are its own outputs."""
-        p = self.regen_prompt_len
-        new = self.seq_len - p
-        rng = random.Random(self.seed)
-        prompts = []
-        for ids, mask in examples:
-            starts = [i for i in range(0, max(0, len(ids) - p), p)]
-            if starts:
-                s = rng.choice(starts)
-                prompts.append(ids[s:s + p])
-        rng.shuffle(prompts)
-        prompts = prompts[: self.regen_sequences]
-        payload = {"prompts": hashlib.sha1(json.dumps(prompts).encode()).hexdigest(), "new": new}
-        conts = _cached(_cache_path("regen", self.target, payload),
-                        lambda: greedy_continuations(self.target, prompts, new, self.eos,
-                                                     desc="target regenerates training data"))
+    def _regenerated_rows(self) -> list[dict]:
+        """DFlash/SpecForge recipe: the target writes the responses (`dmtp.data.regenerate`, the project's
+        own batched decoding, cached and resumable) to prompts taken at paragraph starts spread over the
+        training split of each domain; the loss covers the response only. Labels are its own outputs."""
+        p, new = self.regen_prompt_len, self.regen_new_tokens
+        prompts: list[list[int]] = []
+        per_domain = _split_evenly(self.regen_sequences, len(self.domains))
+        for domain, count in zip(self.domains, per_domain):
+            prompts.extend(held_out_prompts(self.tokenizer, domain, "train", count, p))
+        random.Random(self.seed).shuffle(prompts)
+        settings = RegenSettings(new_tokens=new, temperature=self.regen_temperature, top_k=self.regen_top_k,
+                                 top_p=self.regen_top_p, seed=self.seed, batch_size=self.regen_batch_size)
+        conts = regenerate(self.target, prompts, settings, eos_token_id=self.eos)
         rows = []
         for prompt, cont in zip(prompts, conts):
-            ids = (prompt + cont + [self.eos] * new)[: self.seq_len]
-            mask = [0] * p + [1] * len(cont) + [0] * (self.seq_len - p - len(cont))
-            rows.append({"input_ids": ids, "loss_mask": mask[: self.seq_len]})
+            ids = prompt + cont + [self.eos] * (new - len(cont))
+            mask = [0] * p + [1] * len(cont) + [0] * (new - len(cont))
+            rows.append({"input_ids": ids, "loss_mask": mask})
         return rows
 
     # -- validation rows: held-out prompts + the target's own greedy continuation -------------------
     def _val_rows(self, domain: str) -> list[dict]:
         p, new = self.val_prompt_len, self.val_new_tokens
         prompts = held_out_prompts(self.tokenizer, domain, "validation", self.val_prompts, p)
-        payload = {"domain": domain, "prompts": hashlib.sha1(json.dumps(prompts).encode()).hexdigest(), "new": new}
-        conts = _cached(_cache_path("val", self.target, payload),
-                        lambda: greedy_continuations(self.target, prompts, new, self.eos,
-                                                     desc=f"target writes {domain} validation continuations"))
+        conts = regenerate(self.target, prompts, RegenSettings(new_tokens=new), eos_token_id=self.eos, progress=False)
         rows = []
         for prompt, cont in zip(prompts, conts):
             ids = (prompt + cont + [self.eos] * new)[: p + new]
@@ -207,8 +189,8 @@ class DraftDataModule(L.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_rows is None:
-            examples = self._examples()
-            self.train_rows = self._regenerated_rows(examples) if self.regenerate else pack(examples, self.seq_len, self.eos)
+            examples = [] if self.regenerate else self._examples()
+            self.train_rows = self._regenerated_rows() if self.regenerate else pack(examples, self.seq_len, self.eos)
             if not self.train_rows:
                 raise ValueError(f"no training rows: the {self.source} data gave no sequence of {self.seq_len} tokens "
                                  "with a supervised token")
@@ -216,8 +198,13 @@ class DraftDataModule(L.LightningDataModule):
             self.val_sets = {d: rows for d in self.val_domains if (rows := self._val_rows(d))}
 
     def train_dataloader(self):
-        return DataLoader(Rows(self.train_rows), batch_size=self.batch_size, shuffle=True, drop_last=len(self.train_rows) >= self.batch_size,
-                          collate_fn=_collate, num_workers=self.num_workers)
+        # The order depends on (seed, epoch) only and resumes mid-epoch (dmtp.training.sampler).
+        trainer = self.trainer
+        sampler = ResumableSampler(Rows(self.train_rows), seed=self.seed, num_replicas=trainer.world_size if trainer else 1,
+                                   rank=trainer.global_rank if trainer else 0)
+        return ResumableLoader(Rows(self.train_rows), sampler=sampler, batch_size=self.batch_size,
+                               drop_last=len(self.train_rows) >= self.batch_size, collate_fn=_collate,
+                               num_workers=self.num_workers)
 
     def val_dataloader(self):
         return [DataLoader(Rows(rows), batch_size=len(rows), collate_fn=_collate) for rows in self.val_sets.values()]

@@ -18,6 +18,12 @@ from dmtp.training.blocks import draft_blocks, predicted_positions, sample_ancho
 from dmtp.training.validation import exact_acceptance
 
 FROZEN_PREFIXES = ("target.", "mtp.")
+# data: CE on the data tokens | target: CE on the target's own greedy token at each position |
+# target_kl: KL from the target's whole next-token distribution (soft distillation labels)
+LABEL_SOURCES = ("data", "target", "target_kl")
+# data: T1 is the data token (teacher forcing) | mtp: T1 is the MTP's own greedy token, as in decoding;
+# a block whose T1 differs from the data token gets no loss (nothing after a rejected T1 is verified)
+T1_SOURCES = ("data", "mtp")
 
 
 def decay_weights(n: int, gamma: float, device=None) -> torch.Tensor:
@@ -29,10 +35,12 @@ def decay_weights(n: int, gamma: float, device=None) -> torch.Tensor:
 class DMTPModule(L.LightningModule):
     def __init__(self, target, mtp, drafter: DFlashDrafter, injection: Injection, optimizer, scheduler=None,
                  num_anchors: int = 32, loss_gamma: float = 4.0, label_source: str = "data",
-                 val_walk: bool = True):
+                 t1_source: str = "data", val_walk: bool = True):
         super().__init__()
-        if label_source not in ("data", "target"):
-            raise ValueError(f"label_source must be 'data' or 'target', got {label_source!r}")
+        if label_source not in LABEL_SOURCES:
+            raise ValueError(f"label_source must be one of {', '.join(LABEL_SOURCES)}, got {label_source!r}")
+        if t1_source not in T1_SOURCES:
+            raise ValueError(f"t1_source must be one of {', '.join(T1_SOURCES)}, got {t1_source!r}")
         if injection.uses_mtp and mtp is None:
             raise ValueError("this injection variant needs the target's MTP layer, but none was loaded")
         if drafter.config.hidden_size != target.hidden_size:
@@ -44,6 +52,7 @@ class DMTPModule(L.LightningModule):
         self.drafter, self.injection = drafter, injection
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.num_anchors, self.loss_gamma, self.label_source = num_anchors, loss_gamma, label_source
+        self.t1_source = t1_source
         self.val_walk = val_walk
         self.layer_ids = list(drafter.config.target_layer_ids)
         self.strict_loading = False  # checkpoints omit the frozen target and MTP
@@ -74,23 +83,36 @@ class DMTPModule(L.LightningModule):
         inj = self.injection
         feats = teacher_features(self.target, self.mtp, inj, self.layer_ids, input_ids)
         anchors, keep = sample_anchors(valid_anchors(inj, loss_mask), self.num_anchors, generator)
-        t1 = input_ids.gather(1, (anchors + 1).clamp(max=input_ids.shape[1] - 1)) if inj.uses_mtp else None
+        t = input_ids.shape[1]
+        t1 = None
+        if inj.uses_mtp:
+            t1 = input_ids.gather(1, (anchors + 1).clamp(max=t - 1))
+            if self.t1_source == "mtp":
+                h = feats.mtp_hidden.gather(1, anchors[..., None].expand(-1, -1, feats.mtp_hidden.shape[-1]))
+                mtp_t1 = self.mtp.logits(h).argmax(-1)
+                keep = keep & (mtp_t1 == t1)
         hidden = draft_blocks(self.drafter, inj, self.target.embed_tokens.weight, feats, anchors, keep, t1)
         logits = self.drafter.logits(hidden, self.target.lm_head.weight).float()   # [B, N, n_pred, V]
 
-        t = input_ids.shape[1]
         pos = predicted_positions(inj, anchors)
         in_range = pos < t
         pos_c = pos.clamp(max=t - 1)
+        # The target's distribution over the token at p is its output at p - 1.
+        target_rows = (pos_c - 1).clamp(min=0).flatten(1)
         if self.label_source == "data":
             labels = input_ids.gather(1, pos_c.flatten(1)).view_as(pos)
         else:  # the target's own greedy prediction of each position (distillation labels)
-            greedy = feats.target_logits.argmax(-1)
-            labels = greedy.gather(1, (pos_c - 1).clamp(min=0).flatten(1)).view_as(pos)
+            labels = feats.target_logits.argmax(-1).gather(1, target_rows).view_as(pos)
         supervised = loss_mask.gather(1, pos_c.flatten(1)).view_as(pos).bool()
         mask = keep[..., None] & in_range & supervised
         weights = decay_weights(pos.shape[-1], self.loss_gamma, pos.device) * mask
-        ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view_as(weights)
+        if self.label_source == "target_kl":
+            v = feats.target_logits.shape[-1]
+            teacher = feats.target_logits.gather(1, target_rows[..., None].expand(-1, -1, v)).view(*pos.shape, v)
+            log_p = torch.log_softmax(teacher.float(), -1)
+            ce = (log_p.exp() * (log_p - torch.log_softmax(logits, -1))).sum(-1)
+        else:
+            ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view_as(weights)
         loss = (ce * weights).sum() / weights.sum().clamp(min=1e-6)
         # Each predicted slot's predecessor is the token one position earlier on the gold path: the slot
         # before the first prediction holds A (raw_dflash) or T1 (= the data token x_{a+1} in training).

@@ -1,0 +1,177 @@
+"""The target writes its own responses: drafter training data from the project's own batched decoding.
+
+The published DFlash / SpecForge recipe trains a drafter on the target's own outputs, because that is
+what verification compares against: a block position k is only learnable when the tokens before it
+are the target's own chain, not a corpus's. `regenerate` decodes prompts with the one decoding loop
+(`SpecDecoder`: static caches, large batches, the same path on CPU and GPU), greedy or sampled, and
+caches the result on disk in shards so that a killed run resumes where it stopped:
+
+    $DMTP_HOME/cache/regen-<key>/shard-00000.safetensors ...   (one per `shard_size` prompts)
+
+`<key>` hashes the target's identity, the prompts and every setting that changes the output, so a
+different target, prompt set or temperature never reuses a stale cache. Each shard is decoded with its
+own seed (derived from `seed` and the shard index), so a resumed run gives exactly the tokens of an
+uninterrupted one, sampled or greedy. Shards are tensors in safetensors (never pickles).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from dmtp.paths import dmtp_home
+
+REGEN_METHODS = ("ar", "mtp415")
+
+
+@dataclass(frozen=True)
+class RegenSettings:
+    """How the target writes: `new_tokens` per prompt (fewer when it emits EOS), greedy at
+    temperature 0 else sampled with top-k / top-p; `method` is the decoding method that writes them
+    (`mtp415` gives the same greedy tokens as `ar`, and samples from the same distribution)."""
+
+    new_tokens: int
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    method: str = "ar"
+    batch_size: int = 64
+    shard_size: int = 1024
+
+    def __post_init__(self):
+        if self.new_tokens < 1:
+            raise ValueError(f"regeneration needs new_tokens >= 1, got {self.new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"regeneration temperature must be >= 0, got {self.temperature}")
+        if self.method not in REGEN_METHODS:
+            raise ValueError(f"regeneration method must be one of {', '.join(REGEN_METHODS)}, got {self.method!r}")
+        if self.batch_size < 1 or self.shard_size < 1:
+            raise ValueError(f"regeneration batch_size and shard_size must be >= 1, got {self.batch_size} and "
+                             f"{self.shard_size}")
+
+    def output_key(self) -> dict:
+        """The settings that change what is written (batch size and method change the sampled
+        stream's order, so they count too; greedy tokens do not depend on them)."""
+        d = asdict(self)
+        if self.temperature == 0:
+            for k in ("top_k", "top_p", "seed", "method", "batch_size"):
+                d.pop(k)
+        return d
+
+
+def target_identity(target) -> dict:
+    """What identifies a target's weights: its path plus the size and mtime of its weight files."""
+    path = Path(str(getattr(target, "path", "") or ""))
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
+    return {"path": str(path), "weights": [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]}
+
+
+def _eos_ids(target, eos_token_id) -> list[int]:
+    eos = getattr(target.config, "eos_token_id", None) if eos_token_id is None else eos_token_id
+    if eos is None:
+        return []
+    return [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
+
+
+def cache_dir_for(target, prompts: Sequence[Sequence[int]], settings: RegenSettings, eos_ids: Sequence[int] = (),
+                  root: Path | None = None) -> Path:
+    digest = hashlib.sha1()
+    digest.update(json.dumps({"target": target_identity(target), "settings": settings.output_key(),
+                              "eos": list(eos_ids)}, sort_keys=True).encode())
+    for p in prompts:
+        digest.update(json.dumps(list(p)).encode())
+    return (root or dmtp_home() / "cache") / f"regen-{digest.hexdigest()[:16]}"
+
+
+def _shard_seed(seed: int, index: int) -> int:
+    return int(hashlib.sha1(f"dmtp-regen-{seed}-{index}".encode()).hexdigest()[:8], 16)
+
+
+def _write_shard(path: Path, outputs: list[list[int]], new_tokens: int) -> None:
+    tokens = torch.full((len(outputs), new_tokens), -1, dtype=torch.int32)
+    for i, out in enumerate(outputs):
+        tokens[i, :len(out)] = torch.tensor(out, dtype=torch.int32)
+    lengths = torch.tensor([len(o) for o in outputs], dtype=torch.int32)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    save_file({"tokens": tokens, "lengths": lengths}, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, path)
+
+
+def _read_shard(path: Path) -> list[list[int]]:
+    data = load_file(str(path))
+    return [row[:n].tolist() for row, n in zip(data["tokens"], data["lengths"].tolist())]
+
+
+def make_writer(target, settings: RegenSettings, eos_ids: Sequence[int], mtp=None):
+    """The decoder that writes the responses (a `SpecDecoder` with the settings' method)."""
+    from dmtp.decode.loop import SpecDecoder, build_proposer
+
+    proposer = build_proposer(settings.method, target, mtp=mtp)
+    return SpecDecoder(target, proposer, eos_token_id=list(eos_ids), time_stages=False,
+                       cuda_graphs=target.device.type == "cuda")
+
+
+def regenerate(target, prompts: Sequence[Sequence[int]], settings: RegenSettings, *, eos_token_id=None, mtp=None,
+               cache_root: str | Path | None = None, progress: bool = True,
+               on_shard: Callable[[int], None] | None = None) -> list[list[int]]:
+    """The target's responses to `prompts` (each: up to `new_tokens` tokens, ending at its first EOS:
+    `eos_token_id`, an id or a list, default the target config's).
+
+    Cached in shards under `cache_root` (default `$DMTP_HOME/cache`); finished shards are read back,
+    missing ones decoded, so an interrupted call resumes. `on_shard(i)` runs after shard i is written
+    (progress hooks, tests)."""
+    if not prompts:
+        return []
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("regeneration got an empty prompt")
+    eos_ids = _eos_ids(target, eos_token_id)
+    out_dir = cache_dir_for(target, prompts, settings, eos_ids, Path(cache_root) if cache_root else None)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = {"settings": asdict(settings), "prompts": len(prompts), "target": target_identity(target)}
+    (out_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    n_shards = (len(prompts) + settings.shard_size - 1) // settings.shard_size
+    outputs: list[list[int]] = []
+    writer = None
+    bar = _bar(len(prompts), progress)
+    started, written = time.perf_counter(), 0
+    from dmtp.decode.loop import SamplingConfig
+
+    sampling = SamplingConfig(temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p)
+    for index in range(n_shards):
+        path = out_dir / f"shard-{index:05d}.safetensors"
+        chunk = prompts[index * settings.shard_size:(index + 1) * settings.shard_size]
+        if path.exists():
+            shard = _read_shard(path)
+        else:
+            writer = writer or make_writer(target, settings, eos_ids, mtp)
+            result = writer.generate(chunk, max_new_tokens=settings.new_tokens, sampling=sampling,
+                                     batch_size=settings.batch_size, seed=_shard_seed(settings.seed, index))
+            shard = result.tokens
+            _write_shard(path, shard, settings.new_tokens)
+            written += sum(len(t) for t in shard)
+            if on_shard is not None:
+                on_shard(index)
+        outputs.extend(shard)
+        bar.update(len(chunk))
+        if written:
+            bar.set_postfix(tok_s=f"{written / (time.perf_counter() - started):.0f}")
+    bar.close()
+    return outputs
+
+
+def _bar(total: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="target writes training data", unit="seq", disable=not enabled,
+                mininterval=2.0, dynamic_ncols=True)
+
+
+__all__ = ["RegenSettings", "REGEN_METHODS", "regenerate", "cache_dir_for", "target_identity", "make_writer"]

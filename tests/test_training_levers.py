@@ -1,0 +1,82 @@
+"""The drafter-training levers of the sandbox study: soft (KL) distillation labels, T1 from the MTP's
+own prediction, draft layers started from the target's last layers."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dmtp.configs import compose_train
+from dmtp.injection import VARIANTS
+from dmtp.train import build_components
+from test_training import _batch
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    _, tok, _, _ = build_components(compose_train([]))
+    return tok
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_kl_distillation_gives_finite_loss_and_gradients(name, tokenizer):
+    torch.manual_seed(0)
+    _, _, _, module = build_components(compose_train([f"injection={name}", "model.label_source=target_kl"]))
+    ids, mask = _batch(tokenizer)
+    loss, acc, n = module.block_loss(ids, mask, generator=torch.Generator().manual_seed(0))
+    loss.backward()
+    grads = [p.grad for p in module.drafter.parameters() if p.requires_grad]
+    assert n > 0 and torch.isfinite(loss) and loss > 0
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert any(g.abs().sum() > 0 for g in grads)
+
+
+def test_kl_equals_hard_ce_minus_entropy_on_one_hot_teachers(tokenizer):
+    """With a (nearly) one-hot teacher, KL(p || q) is the CE on the teacher's argmax: the two label
+    sources then give the same loss, which pins down that KL reads the right target rows."""
+    torch.manual_seed(0)
+    _, _, _, module = build_components(compose_train(["model.label_source=target"]))
+    ids, mask = _batch(tokenizer)
+    real_forward = module.target.forward
+
+    def sharpened(*args, **kwargs):
+        out = real_forward(*args, **kwargs)
+        out.logits = out.logits * 1e4   # one-hot softmax, same argmax
+        return out
+
+    module.target.forward = sharpened
+    try:
+        hard, _, _ = module.block_loss(ids, mask, generator=torch.Generator().manual_seed(1))
+        module.label_source = "target_kl"
+        soft, _, _ = module.block_loss(ids, mask, generator=torch.Generator().manual_seed(1))
+    finally:
+        module.target.forward = real_forward
+    assert torch.allclose(hard, soft, rtol=1e-4, atol=1e-4), (hard.item(), soft.item())
+
+
+def test_t1_from_the_mtp_trains_only_blocks_whose_t1_the_mtp_gets_right(tokenizer):
+    torch.manual_seed(0)
+    _, _, _, module = build_components(compose_train([]))
+    ids, mask = _batch(tokenizer)
+    _, _, n_data = module.block_loss(ids, mask, generator=torch.Generator().manual_seed(2))
+    module.t1_source = "mtp"
+    loss, _, n_mtp = module.block_loss(ids, mask, generator=torch.Generator().manual_seed(2))
+    assert 0 < n_mtp < n_data and torch.isfinite(loss)
+
+
+def test_draft_layers_can_start_from_the_targets_last_layers():
+    _, _, _, module = build_components(compose_train(["drafter.init_from_target_layers=true",
+                                                      "drafter.num_layers=2"]))
+    target_layers = module.target.hf.model.layers
+    for draft_layer, source in zip(module.drafter.layers, list(target_layers)[-2:]):
+        src = source.state_dict()
+        for k, v in draft_layer.state_dict().items():
+            assert torch.equal(v, src[k]), k
+        assert draft_layer.self_attn.q_proj.weight.data_ptr() != source.self_attn.q_proj.weight.data_ptr()
+
+
+@pytest.mark.parametrize("key,value,match", [("model.label_source", "soft", "label_source"),
+                                             ("model.t1_source", "oracle", "t1_source")])
+def test_bad_lever_values_are_one_line_errors(key, value, match):
+    with pytest.raises(ValueError, match=match) as err:
+        build_components(compose_train([f"{key}={value}"]))
+    assert "\n" not in str(err.value)
