@@ -1,7 +1,9 @@
-"""Build (once) and cache the embedded tiny target: tokenizer + Qwen3 causal LM + native MTP layer.
+"""Build (once) and cache the embedded tiny target: tokenizer + causal LM + native MTP layer.
 
-    python -m dmtp.tiny.build --preset tiny      # default target, ~9.5 minutes on 2 CPU cores
-    python -m dmtp.tiny.build --preset micro     # test target, seconds
+    python -m dmtp.tiny.build --preset tiny          # default target (Qwen3), ~9.5 minutes on 2 CPU cores
+    python -m dmtp.tiny.build --preset micro         # test target, seconds
+    python -m dmtp.tiny.build --preset tiny_hybrid   # Qwen3.5 hybrid (gated DeltaNet + attention)
+    python -m dmtp.tiny.build --preset micro_hybrid  # its test target
 
 The result is a normal Hugging Face checkpoint directory: config.json (with mtp_num_hidden_layers),
 model.safetensors (target tensors plus `mtp.*`), tokenizer files and build_report.json.
@@ -21,13 +23,13 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import PreTrainedModel
 
 from dmtp.data.corpora import DOMAINS, texts
-from dmtp.models.mtp import MTPSpec, NativeMTP
-from dmtp.models.qwen3 import init_linear_
+from dmtp.models.mtp import NativeMTP
 from dmtp.paths import targets_dir
-from dmtp.tiny.presets import TinyPreset, get_preset
+from dmtp.tiny.architectures import build_model
+from dmtp.tiny.presets import PRESETS, TinyPreset, get_preset
 from dmtp.tiny.pretrain import DomainStreams, evaluate, pretrain
 from dmtp.tiny.tokenizer import train_tokenizer
 
@@ -45,7 +47,7 @@ def ensure_tiny_target(preset: str = "tiny", out_dir: str | Path | None = None, 
     path = Path(out_dir) if out_dir else default_target_dir(preset)
     if (path / "build_report.json").exists():
         return path
-    return build_tiny_target(preset, path, progress=progress)
+    return build_tiny_target(preset, path, progress=progress, keep_existing=True)
 
 
 def _tokenizer_sample(docs: dict[str, list[str]], chars: int, seed: int) -> list[str]:
@@ -71,19 +73,10 @@ def _encode(tok, docs: list[str]) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
-def qwen3_mtp_spec(config: Qwen3Config) -> MTPSpec:
-    return MTPSpec(family="qwen3", hidden_size=config.hidden_size, num_attention_heads=config.num_attention_heads,
-                   num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim,
-                   intermediate_size=config.intermediate_size, rms_norm_eps=config.rms_norm_eps,
-                   rope_theta=_rope_theta(config))
-
-
-def _rope_theta(config) -> float:
-    params = getattr(config, "rope_parameters", None) or {}
-    return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
-
-
-def build_tiny_target(preset_name: str, out_dir: str | Path, progress: bool = True) -> Path:
+def build_tiny_target(preset_name: str, out_dir: str | Path, progress: bool = True,
+                      keep_existing: bool = False) -> Path:
+    """Build into a staging directory, then move it to `out_dir`. keep_existing: if another process
+    finished the same build meanwhile, keep its copy (it may be in use) and drop this one."""
     preset: TinyPreset = get_preset(preset_name)
     out_dir = Path(out_dir)
     started = time.perf_counter()
@@ -102,30 +95,22 @@ def build_tiny_target(preset_name: str, out_dir: str | Path, progress: bool = Tr
         train_streams = {d: _encode(tok, train_docs[d]) for d in DOMAINS}
         val_streams = {d: _encode(tok, val_docs[d]) for d in DOMAINS}
 
-        config = Qwen3Config(
-            vocab_size=len(tok), hidden_size=preset.hidden_size, intermediate_size=preset.intermediate_size,
-            num_hidden_layers=preset.num_layers, num_attention_heads=preset.num_heads,
-            num_key_value_heads=preset.num_kv_heads, head_dim=preset.head_dim, max_position_embeddings=4096,
-            rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=tok.eos_token_id,
-            eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id, attn_implementation="sdpa",
-        )
-        model = Qwen3ForCausalLM(config)
-        mtp = NativeMTP(qwen3_mtp_spec(config), model.model.embed_tokens, model.lm_head)
-        init_linear_(mtp)
+        model, mtp = build_model(preset, len(tok), tok.eos_token_id)
 
         weights = dict(zip(DOMAINS, preset.domain_weights))
         data = DomainStreams(train_streams, weights, preset.seq_len, preset.seed)
         stats = pretrain(model, mtp, data, preset, progress=progress)
-        report = {"preset": preset.name, "build_version": BUILD_VERSION,
+        report = {"preset": preset.name, "build_version": BUILD_VERSION, "architecture": type(model).__name__,
                   "parameters": sum(p.numel() for p in model.parameters()),
                   "mtp_parameters": sum(p.numel() for p in mtp.parameters()),
                   **stats, "heldout": evaluate(model, mtp, val_streams, preset.seq_len)}
         save_target(model, mtp, staging)
         report["build_seconds"] = round(time.perf_counter() - started, 1)
         (staging / "build_report.json").write_text(json.dumps(report, indent=2) + "\n")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(staging, out_dir)
+        if not (keep_existing and (out_dir / "build_report.json").exists()):
+            if out_dir.exists():
+                shutil.rmtree(out_dir)
+            os.replace(staging, out_dir)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
@@ -135,13 +120,14 @@ def build_tiny_target(preset_name: str, out_dir: str | Path, progress: bool = Tr
     return out_dir
 
 
-def save_target(model: Qwen3ForCausalLM, mtp: NativeMTP, out_dir: Path) -> None:
-    """One model.safetensors with the target's tensors and the MTP's under `mtp.*` (Qwen3.5 naming)."""
+def save_target(model: PreTrainedModel, mtp: NativeMTP, out_dir: Path) -> None:
+    """One model.safetensors with the target's tensors and the MTP's under `mtp.*` (Qwen3.5 naming), and
+    config.json with the MTP keys the Qwen3.5 releases carry."""
     tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     tensors.update({f"mtp.{k}": v.detach().contiguous() for k, v in mtp.state_dict().items()})
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     config = model.config.to_dict()
-    config.update(architectures=["Qwen3ForCausalLM"], mtp_num_hidden_layers=1, mtp_use_dedicated_embeddings=False,
+    config.update(architectures=[type(model).__name__], mtp_num_hidden_layers=1, mtp_use_dedicated_embeddings=False,
                   dtype="float32")
     (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     model.generation_config.save_pretrained(str(out_dir))
@@ -171,7 +157,7 @@ def reevaluate_target(path: str | Path) -> dict:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="tiny", help="micro | tiny")
+    parser.add_argument("--preset", default="tiny", help=" | ".join(PRESETS))
     parser.add_argument("--out", default=None, help="target directory (default: $DMTP_HOME/targets/<preset>-<hash>)")
     parser.add_argument("--force", action="store_true", help="rebuild even if a cached target exists")
     parser.add_argument("--evaluate", action="store_true",

@@ -1,4 +1,6 @@
 """Sizes of the embedded targets. `tiny` is the default; `micro` is for tests (built in seconds).
+`tiny_hybrid` / `micro_hybrid` are the same recipe on the Qwen3.5 text architecture (gated-DeltaNet
+and gated full-attention layers, 3:1), the architecture DMTP is for.
 
 The target is several times deeper than the 1-2 layer drafters trained on it, so that drafting
 is cheaper than verifying on any machine, as it is for real models.
@@ -6,10 +8,15 @@ is cheaper than verifying on any machine, as it is for real models.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 
 @dataclass(frozen=True)
 class TinyPreset:
+    # A class attribute, not a field: the cache directory is named after the fields (build.py), and a
+    # new field would rename, i.e. rebuild, every target already built.
+    architecture: ClassVar[str] = "qwen3"
+
     name: str
     vocab_size: int
     hidden_size: int
@@ -30,6 +37,21 @@ class TinyPreset:
     seed: int = 0
 
 
+@dataclass(frozen=True)
+class HybridPreset(TinyPreset):
+    """Qwen3.5 text model (`Qwen3_5ForCausalLM`): the family's config defaults (3 linear-attention :
+    1 full-attention layers, gated attention, partial rotary, x*(1+w) norms) at these sizes."""
+
+    architecture: ClassVar[str] = "qwen3_5_text"
+
+    # Gated-DeltaNet heads in Qwen3.5's proportions: twice as many value heads as key heads, keys
+    # half the width, values the whole width (Qwen3.5-9B: 16 x 128 keys, 32 x 128 values at 4096).
+    linear_num_key_heads: int = 2
+    linear_num_value_heads: int = 4
+    linear_key_head_dim: int = 16
+    linear_value_head_dim: int = 16
+
+
 PRESETS = {
     "micro": TinyPreset(name="micro", vocab_size=512, hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
                         head_dim=16, intermediate_size=192, seq_len=128, batch_size=8, steps=250, lr=4e-3,
@@ -41,6 +63,17 @@ PRESETS = {
     # batches, many steps: in a run this short, updates matter more than tokens per update.
     "tiny": TinyPreset(name="tiny", vocab_size=2048, hidden_size=64, num_layers=8, num_heads=2, num_kv_heads=1,
                        head_dim=32, intermediate_size=192, seq_len=256, batch_size=8, steps=2200, lr=3e-3),
+    # `micro`'s sizes in the hybrid layout; a step costs ~1.5x a `micro` step, so 200 steps instead of 250
+    # (150 left the MTP's held-out top-1 at 0.29, under what tests/test_tiny_hybrid.py asks).
+    "micro_hybrid": HybridPreset(name="micro_hybrid", vocab_size=512, hidden_size=64, num_layers=4, num_heads=4,
+                                 num_kv_heads=2, head_dim=16, intermediate_size=192, seq_len=128, batch_size=8,
+                                 steps=200, lr=4e-3, warmup_steps=20, tokenizer_chars=400_000, docs_per_domain=100),
+    # `tiny`'s width, depth (6 gated-DeltaNet + 2 full-attention layers), data and schedule. A joint
+    # step (target + MTP) costs ~1.6x a `tiny` step on the CPU (transformers' torch chunked delta rule;
+    # measured side by side), so 2200 / 1.6 ~ 1400 steps give about `tiny`'s build time (BENCHMARKS.md).
+    "tiny_hybrid": HybridPreset(name="tiny_hybrid", vocab_size=2048, hidden_size=64, num_layers=8, num_heads=2,
+                                num_kv_heads=1, head_dim=32, intermediate_size=192, seq_len=256, batch_size=8,
+                                steps=1400, lr=3e-3),
 }
 
 

@@ -37,7 +37,7 @@ class DomainStreams:
 
 
 def joint_losses(model, mtp: NativeMTP, ids: torch.Tensor):
-    out = model.model(input_ids=ids)
+    out = model.model(input_ids=ids, use_cache=False)  # no cache: nothing is decoded from here
     hidden = out.last_hidden_state                      # post final norm
     logits = model.lm_head(hidden)
     main = F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
@@ -96,7 +96,7 @@ def evaluate(model, mtp: NativeMTP, streams: dict[str, torch.Tensor], seq_len: i
         ids = spread_windows(stream, seq_len + 1, max_windows)
         if ids is None:
             continue
-        hidden = model.model(input_ids=ids).last_hidden_state
+        hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
         pred = model.lm_head(hidden).argmax(-1)
         g = mtp.forward_teacher(ids, hidden)
         mtp_pred = mtp.logits(g).argmax(-1)
