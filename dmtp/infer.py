@@ -153,12 +153,32 @@ def named_methods(cfg, overrides: list[str] | None = None) -> set[str]:
     return named
 
 
-def load_drafter_for(target, path, dtype, device, injection: str | None = None):
+def load_drafter_for(target, path, dtype, device, injection: str | None = None, options: dict | None = None):
+    """-> (drafter, injection, label). `options`: the injection's decoding-time options (e.g.
+    multi_mtp_zero_init's num_mtp_tokens / mtp_threshold), named in the label: `variant[k=v,...]`."""
     from dmtp.injection.io import check_drafter_fits, load_dmtp_drafter, variant_name
 
-    drafter, inj, meta = load_dmtp_drafter(path, dtype=dtype, injection=injection)
+    options = dict(options or {})
+    drafter, inj, meta = load_dmtp_drafter(path, dtype=dtype, injection=injection, options=options)
     check_drafter_fits(drafter.config, target, f"drafter {path}")
-    return drafter.to(device).eval(), inj.to(device).eval(), variant_name(inj)
+    label = variant_name(inj) + ("[" + ",".join(f"{k}={v}" for k, v in options.items()) + "]" if options else "")
+    return drafter.to(device).eval(), inj.to(device).eval(), label
+
+
+def mtp_for_drafter(target, target_path, drafter_dir, native_mtp):
+    """The MTP a drafter decodes with: its own jointly trained one (mtp.safetensors in its directory,
+    one line saying so) or the target's native MTP."""
+    from dmtp.injection.io import tuned_mtp_path
+    from dmtp.models.mtp_loading import load_native_mtp
+
+    tuned = tuned_mtp_path(drafter_dir) if drafter_dir is not None else None
+    if tuned is None:
+        return native_mtp
+    print(f"[dmtp] drafter {drafter_dir} decodes with its jointly trained MTP ({tuned}); other methods use "
+          "the target's own")
+    p = native_mtp.fc.weight
+    return load_native_mtp(target_path, target.embed_tokens, target.lm_head, dtype=p.dtype, device=p.device,
+                           tuned=tuned)
 
 
 def method_needs_mtp(method: str, injection=None) -> bool:
@@ -178,7 +198,7 @@ def decode_workloads(decoders: dict[str, SpecDecoder], workloads: dict[str, list
     for name, dec in decoders.items():
         if warmup and previous is None:
             first = next(iter(workloads.values()))
-            graphs = dec.use_graphs
+            graphs = dec.fixed_shapes   # graphs / compiled stages: warm up (capture, compile) at the measured shapes
             dec.generate(first[:batch_size], max_new_tokens=max_new_tokens if graphs else min(8, max_new_tokens),
                          sampling=sampling, batch_size=batch_size, seed=seed)
         for wl, prompts in workloads.items():
@@ -306,11 +326,19 @@ def run(cfg, named: set[str] | None = None) -> dict:
 
     drafter = injection = variant = None
     if drafter_dir is not None:
-        drafter, injection, variant = load_drafter_for(target, drafter_dir, dtype, device, cfg.drafter.get("injection"))
-    mtp = None
+        from omegaconf import OmegaConf
+
+        options = cfg.drafter.get("injection_options")
+        options = OmegaConf.to_container(options, resolve=True) if OmegaConf.is_config(options) else dict(options or {})
+        drafter, injection, variant = load_drafter_for(target, drafter_dir, dtype, device, cfg.drafter.get("injection"),
+                                                       options=options)
+    mtp = drafter_mtp = None
     if any(method_needs_mtp(m, injection) for m in methods):
         try:
             mtp = load_native_mtp(target_path, target.embed_tokens, target.lm_head)
+            drafter_mtp = mtp
+            if method_needs_mtp("drafter", injection):   # its own jointly trained MTP, if it has one
+                drafter_mtp = mtp_for_drafter(target, target_path, drafter_dir, mtp)
         except (MTPLoadError, FileNotFoundError) as e:
             dropped = [m for m in methods if method_needs_mtp(m, injection)]
             required = [f"drafter {variant} ({drafter_dir})" if m == "drafter" else m for m in dropped if m in named]
@@ -324,10 +352,11 @@ def run(cfg, named: set[str] | None = None) -> dict:
     decoders = {}
     for m in methods:
         label = variant if m == "drafter" else m
-        proposer = build_proposer(m, target, mtp=mtp, drafter=drafter, injection=injection,
-                                  mtp_steps=cfg.mtp_steps, name=label)
+        proposer = build_proposer(m, target, mtp=drafter_mtp if m == "drafter" else mtp, drafter=drafter,
+                                  injection=injection, mtp_steps=cfg.mtp_steps, name=label)
         decoders[label] = SpecDecoder(target, proposer, eos_token_id=eos, runner=cfg.runner, attention=cfg.attention,
-                                      cuda_graphs=cfg.cuda_graphs, warmup_rounds=cfg.warmup_rounds)
+                                      cuda_graphs=cfg.cuda_graphs, compile=cfg.get("compile", False),
+                                      warmup_rounds=cfg.warmup_rounds)
 
     if cfg.eval.name == "embedded":
         workloads = embedded_prompts(tokenizer, list(cfg.eval.domains), cfg.num_prompts, cfg.eval.prompt_tokens)
@@ -366,6 +395,7 @@ def run(cfg, named: set[str] | None = None) -> dict:
         "batch_size": cfg.batch_size, "max_new_tokens": cfg.max_new_tokens, "eval": cfg.eval.name,
         "num_prompts": {wl: len(p) for wl, p in workloads.items()},
         "cuda_graphs": bool(first and first.use_graphs), "runner": first.runner.kind if first else None,
+        "compiled": bool(first and first.compiled), "compile_s": {name: d.compile_s for name, d in decoders.items()},
         "attention": getattr(first.runner, "attention", None) if first else None,
     }
     from omegaconf import OmegaConf

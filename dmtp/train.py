@@ -121,8 +121,9 @@ def train(cfg: DictConfig, callbacks=()) -> dict:
                "target": target.path, **metrics}
     if trainer.is_global_zero and not trainer.fast_dev_run:
         drafter_dir = output_dir / "drafter"
-        save_dmtp_drafter(drafter_dir, module.drafter, module.injection, target=target.path,
-                          train_config=OmegaConf.to_container(cfg, resolve=False))
+        tuned = module.mtp if module.train_mtp else None   # joint training: the MTP travels with its drafter
+        save_dmtp_drafter(drafter_dir, module.drafter, module.injection, tuned_mtp=tuned, target_path=target.path,
+                          target=target.path, train_config=OmegaConf.to_container(cfg, resolve=False))
         summary["drafter"] = str(drafter_dir)
         (output_dir / "train_metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
         record = flat_metrics(cfg, summary)
@@ -133,6 +134,8 @@ def train(cfg: DictConfig, callbacks=()) -> dict:
             record.update(decode_after_training(target, module.mtp, module.drafter, module.injection, tokenizer, **opts))
         (output_dir / "metrics.json").write_text(json.dumps(record, indent=2) + "\n")
         print(f"[dmtp] drafter ({summary['injection']}) exported to {drafter_dir}")
+        if tuned is not None:
+            print(f"[dmtp] its jointly trained MTP: {drafter_dir / 'mtp.safetensors'} (the target checkpoint is unchanged)")
         print(f"[dmtp] checkpoints in {output_dir / 'checkpoints'}; TensorBoard logs: tensorboard --logdir {output_dir}")
         print(f"[dmtp] decode with it: python -m dmtp.infer drafter={drafter_dir}")
     return summary

@@ -53,7 +53,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("method", ["mtp415", "context_fusion", "dual_anchor_zero_init"])
+@pytest.mark.parametrize("method", ["mtp415", "context_fusion", "dual_anchor_zero_init", "multi_mtp_zero_init"])
 def test_warmup_restore_leaves_decoding_unchanged(micro_target, micro_mtp, method, monkeypatch, one_thread):
     eager = SpecDecoder(micro_target, _proposer(micro_target, micro_mtp, method), eos_token_id=[])
     ref = eager.generate(PROMPTS, max_new_tokens=20, batch_size=3)
@@ -88,7 +88,7 @@ def cuda_models(micro_target_dir):
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("method", ["ar", "mtp415", "raw_dflash", "dual_anchor_zero_init", "context_fusion",
-                                    "hidden_residual_t1"])
+                                    "hidden_residual_t1", "multi_mtp_zero_init"])
 def test_cuda_graphs_equal_eager(cuda_models, method, dtype):
     target, mtp = cuda_models[dtype]
     res = {}

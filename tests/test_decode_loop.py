@@ -179,11 +179,11 @@ class _Recording(DrafterProposer):
         inner = self.dstate.draft
         self.log = getattr(self, "log", [])
 
-        def draft(anchor_pos, first_prev, sampler):
+        def draft(anchor_pos, first_prev, sampler, span=None):
             def recording(logits):  # a DFlash v1 drafter scores the whole vocabulary once per block
                 self.log.append((anchor_pos.clone(), self.t1.clone(), logits.clone(), st.done.clone()))
                 return sampler(logits)
-            return inner(anchor_pos, first_prev, recording)
+            return inner(anchor_pos, first_prev, recording, span)
 
         self.dstate.draft = draft
         return stages
@@ -246,3 +246,50 @@ def test_mtp_chain_first_candidate_matches_teacher_forcing(micro_target, micro_m
             for k in acc[:-1]:  # the last round may be cut by the budget
                 assert (k > 0) == bool(t1[a] == ids[0, a + 1])
                 a += k + 1
+
+
+# -- the eager loop's live span of the caches ------------------------------------------------------------
+
+def _check_positions_below_span(dec, seen, monkeypatch):
+    """Wrap every stage's cache access: each position read or written must lie below the round's span."""
+    def check(positions, what):
+        span = dec.runner.span
+        if span is not None:
+            seen.append((what, int(positions.max()), span))
+            assert int(positions.max()) < span, (what, int(positions.max()), span)
+
+    verify = dec.runner.verify
+    monkeypatch.setattr(dec.runner, "verify", lambda tokens, positions=None: (check(positions, "target"),
+                                                                              verify(tokens, positions))[1])
+    m = dec.proposer.mtp_state
+    if m is not None:   # the MTP module is shared by the tests: wrap its class's method on this instance
+        rows = type(m.mtp).forward_rows.__get__(m.mtp)
+        monkeypatch.setattr(m.mtp, "forward_rows", lambda t, h, positions, cache, span=None: (
+            check(positions, "mtp"), rows(t, h, positions, cache, span))[1])
+    d = getattr(dec.proposer, "dstate", None)
+    if d is not None:   # the drafter reads context strictly before the anchor
+        draft = d.draft
+        monkeypatch.setattr(d, "draft", lambda anchor, first, sampler, span=None: (
+            check(anchor - 1, "drafter"), draft(anchor, first, sampler, span))[1])
+
+
+@pytest.mark.parametrize("method", ["mtp415", "dual_anchor_zero_init", "context_fusion"])
+def test_live_span_covers_every_row(micro_target, micro_mtp, prompts, eos_and_refs, method, monkeypatch):
+    """The eager loop attends over the caches' live span only. With no rounding slack (SPAN_STEP 1), every
+    row the target, the MTP and the drafter touch lies below the span, and the loop decodes exactly as
+    over the whole caches: the target's tokens and the same drafts (accepted lengths)."""
+    import dmtp.decode.loop as loop
+
+    eos, refs = eos_and_refs
+    runs, tight = {}, {}
+    for step in (1, 10 ** 6):   # the tightest span; a span that always covers the whole cache
+        monkeypatch.setattr(loop, "SPAN_STEP", step)
+        dec = _decoder(micro_target, micro_mtp, method, eos)
+        seen = []
+        _check_positions_below_span(dec, seen, monkeypatch)
+        runs[step] = dec.generate(prompts, max_new_tokens=MAX_NEW, batch_size=4)
+        assert runs[step].tokens == refs
+        tight[step] = [(what, pos, span) for what, pos, span in seen if span < dec.st.max_len]
+    assert not tight[10 ** 6] and {what for what, _, _ in tight[1]} >= {"target", "mtp"}
+    assert any(pos == span - 1 for _, pos, span in tight[1])   # the bound is tight: no slack hides an off-by-one
+    assert runs[1].accepted == runs[10 ** 6].accepted

@@ -6,19 +6,26 @@ from dmtp.data.corpora import documents
 from dmtp.decode import SpecDecoder, build_proposer
 from dmtp.models.target import load_tokenizer
 from dmtp.training.validation import candidate_matches, exact_acceptance, walk
+from dmtp.injection.io import fresh_drafter_for
 from tests.test_decode_loop import make_drafter
 
 MAX_NEW = 40
 
 
-@pytest.mark.parametrize("name", ["raw_dflash", "token_only", "dual_anchor_zero_init", "context_fusion"])
-def test_walk_equals_loop(micro_target_dir, micro_target, micro_mtp, name):
+WALK_CASES = [("raw_dflash", {}), ("token_only", {}), ("dual_anchor_zero_init", {}), ("context_fusion", {}),
+              ("multi_mtp_zero_init", {}), ("multi_mtp_zero_init", {"num_mtp_tokens": 2}),
+              ("multi_mtp_zero_init", {"mtp_threshold": 0.4})]   # fixed m = 3, fixed m = 2, adaptive m
+
+
+@pytest.mark.parametrize("name,options", WALK_CASES, ids=[n + "".join(f"-{k}={v}" for k, v in o.items())
+                                                           for n, o in WALK_CASES])
+def test_walk_equals_loop(micro_target_dir, micro_target, micro_mtp, name, options):
     tok = load_tokenizer(micro_target_dir)
     prompts = []
     for domain in ("math", "code", "prose"):
         for doc in documents(domain, "test")[:2]:
             prompts.append(tok(doc.text, add_special_tokens=False)["input_ids"][:24])
-    drafter, injection = make_drafter(micro_target, name, perturb=True)
+    drafter, injection = fresh_drafter_for(micro_target, name, 3, perturb=0.05, **options)
     proposer = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter, injection=injection)
     res = SpecDecoder(micro_target, proposer, eos_token_id=None).generate(prompts, max_new_tokens=MAX_NEW, batch_size=3)
     layer_ids = drafter.config.target_layer_ids
@@ -34,6 +41,8 @@ def test_walk_equals_loop(micro_target_dir, micro_target, micro_mtp, name):
         total_walk += sum(a + 1 for a in rounds)
     assert total_loop == total_walk
     assert any(a > 0 for r in res.accepted for a in r) or name == "raw_dflash"
+    if injection.mtp_steps > 1:   # the MTP's chained tokens (T2, T3) were accepted: the chain is compared too
+        assert any(a >= injection.mtp_steps for r in res.accepted for a in r)
 
 
 def test_exact_acceptance_counts(micro_target, micro_mtp):

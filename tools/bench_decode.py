@@ -9,6 +9,8 @@
     python tools/bench_decode.py --preset micro --random-drafters raw_dflash,dual_anchor_zero_init   # plumbing check
     python tools/bench_decode.py --drafter <raw D> --drafter <DMTP D> --temperature 1 \
         --verification target_only rejection block      # tau and tok/s of each verification rule
+    python tools/bench_decode.py --drafter <multi D>@num_mtp_tokens=1 --drafter <multi D>@mtp_threshold=0.7
+        # one drafter under several decoding-time injection options (labelled variant[k=v])
 
 With no --drafter and no --random-drafters, the newest trained drafter under ./outputs or ./logs is used
 (if any). Writes a JSON report with --out: the first verification mode's figures at the top level (as with one
@@ -31,7 +33,7 @@ from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer  # noqa: E40
 from dmtp.decode.loop import VERIFICATION_MODES  # noqa: E402
 from dmtp.decode.metrics import format_table, throughput  # noqa: E402
 from dmtp.infer import (decode_workloads, embedded_prompts, find_latest_drafter, load_drafter_for,  # noqa: E402
-                        resolve_device, resolve_dtype)
+                        mtp_for_drafter, resolve_device, resolve_dtype)
 
 
 def method_of(label: str) -> str:
@@ -130,7 +132,7 @@ def dmtp_over_dflash(overall: dict) -> dict:
     base = overall[raw[0]]
     ratios = {}
     for m, s in overall.items():
-        if m in ("ar", "mtp415") or m == raw[0]:
+        if m.removesuffix(" compiled") in ("ar", "mtp415") or m == raw[0]:
             continue
         ratios[m] = {"tau_ratio": s["tau_per_request"] / base["tau_per_request"],
                      "tps_ratio": s["tokens_per_s"] / base["tokens_per_s"],
@@ -148,6 +150,20 @@ def verification_table(methods_by_mode: dict[str, dict], title: str) -> str:
             for m in methods_by_mode[modes[0]]]
     columns = ["method"] + [f"{key} {mode}" for mode in modes for key in ("tau", "tok/s")]
     return format_table(rows, columns, title=title)
+
+
+def drafter_spec(spec: str) -> tuple[str, dict]:
+    """`DIR` or `DIR@key=value[,key=value]` (decoding-time injection options; values parsed as YAML)."""
+    import yaml
+
+    path, _, opts = spec.partition("@")
+    options = {}
+    for item in filter(None, opts.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise SystemExit(f"--drafter {spec}: options are key=value pairs, got {item!r}")
+        options[key] = yaml.safe_load(value)
+    return path, options
 
 
 def random_drafter(target, name: str, mask_token_id: int, device, dtype, seed: int = 0):
@@ -194,7 +210,8 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=None, help="target checkpoint dir (default: the embedded --preset)")
     ap.add_argument("--preset", default="tiny", help="embedded target preset when --target is not given")
-    ap.add_argument("--drafter", action="append", default=[], help="drafter checkpoint dir (repeatable)")
+    ap.add_argument("--drafter", action="append", default=[],
+                    help="drafter checkpoint dir (repeatable); DIR@key=value,... sets decoding-time injection options")
     ap.add_argument("--random-drafters", default="", help="comma-separated variants with random weights (plumbing)")
     ap.add_argument("--domains", default="code,prose,math")
     ap.add_argument("--num-prompts", type=int, default=8, help="per domain")
@@ -205,6 +222,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--no-cuda-graphs", action="store_true")
+    ap.add_argument("--compile", choices=["off", "on", "both"], default="off",
+                    help="CPU: torch.compile the round stages (on), or decode every method both eagerly and compiled "
+                         "(both: '<method> compiled' rows); compile time is reported apart")
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers generate() baseline")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
     ap.add_argument("--out", default=None, help="write the JSON report here")
@@ -243,21 +263,30 @@ def main(argv=None) -> dict:
         latest = find_latest_drafter()
         if latest is not None:
             paths = [str(latest)]
-    for p in paths:
-        drafters.append(load_drafter_for(target, p, dtype, device))
+    for spec in paths:
+        p, options = drafter_spec(spec)
+        drafters.append((*load_drafter_for(target, p, dtype, device, options=options),
+                         mtp_for_drafter(target, path, p, mtp)))   # its own jointly trained MTP, if it has one
     mask_id = tok.convert_tokens_to_ids("<|mask|>") if "<|mask|>" in tok.get_vocab() else target.config.vocab_size - 1
     for name in filter(None, args.random_drafters.split(",")):
-        drafters.append(random_drafter(target, name, mask_id, device, dtype))
+        drafters.append((*random_drafter(target, name, mask_id, device, dtype), mtp))
 
     graphs = not args.no_cuda_graphs
-    decoders = {m: SpecDecoder(target, build_proposer(m, target, mtp=mtp), eos_token_id=eos, cuda_graphs=graphs)
-                for m in ("ar", "mtp415")}
-    for drafter, inj, name in drafters:
-        if drafter.config.architecture != "DFlashDraftModel":
-            name = f"{name}+dflash2"
-        label = name if name not in decoders else f"{name}#{len(decoders)}"
-        decoders[label] = SpecDecoder(target, build_proposer("drafter", target, mtp=mtp, drafter=drafter, injection=inj,
-                                                             name=label), eos_token_id=eos, cuda_graphs=graphs)
+    decoders = {}
+    for suffix, compile in {"off": [("", False)], "on": [("", True)],
+                            "both": [("", False), (" compiled", True)]}[args.compile]:
+        for m in ("ar", "mtp415"):
+            decoders[m + suffix] = SpecDecoder(target, build_proposer(m, target, mtp=mtp), eos_token_id=eos,
+                                               cuda_graphs=graphs, compile=compile)
+        for drafter, inj, name, drafter_mtp in drafters:
+            if drafter.config.architecture != "DFlashDraftModel":
+                name = f"{name}+dflash2"
+            if drafter_mtp is not mtp:   # decoded with its own jointly trained MTP: another method
+                name = f"{name}+tuned_mtp"
+            label = (name if name + suffix not in decoders else f"{name}#{len(decoders)}") + suffix
+            decoders[label] = SpecDecoder(target, build_proposer("drafter", target, mtp=drafter_mtp, drafter=drafter,
+                                                                 injection=inj, name=label),
+                                          eos_token_id=eos, cuda_graphs=graphs, compile=compile)
 
     workloads = embedded_prompts(tok, args.domains.split(","), args.num_prompts, args.prompt_tokens)
     runs = {mode: bench_sampling(decoders, workloads, SamplingConfig(temperature=args.temperature, verification=mode),
@@ -281,7 +310,11 @@ def main(argv=None) -> dict:
               f"(x{ar_tps / hf['tokens_per_s']:.2f}); identical outputs {same}/{len(prompts)}")
         hf = {k: v for k, v in hf.items() if k != "tokens"} | {"identical_outputs": same, "requests": len(prompts)}
 
+    if args.compile != "off":
+        print("compile time (s, in the warm-ups, not in tok/s): "
+              + ", ".join(f"{k} {d.compile_s:.1f}" for k, d in decoders.items() if d.compiled))
     report = {"target": path, "device": str(device), "dtype": str(dtype), "batch_size": args.batch_size,
+              "compile_s": {k: d.compile_s for k, d in decoders.items() if d.compiled},
               "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "verification": modes,
               **first, "hf_generate": hf, "by_verification": by_mode}
     if args.out:

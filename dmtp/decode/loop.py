@@ -121,6 +121,12 @@ class DecodeState:
     def target_lengths(self) -> torch.Tensor:
         return self.runner.lengths
 
+    @property
+    def span(self) -> int | None:
+        """How many cache slots from 0 this round's stages attend to (target, MTP and drafter caches
+        alike; None: all `max_len`): the runner's span, which only the eager loop sets."""
+        return self.runner.span
+
     def reset(self) -> None:
         """Back to a harmless all-zero state (after graph warm-up; before a prefill)."""
         for t in (self.anchor, self.candidates, self.y, self.acc, self.a_prev, self.out_tokens, self.out_len,
@@ -189,17 +195,27 @@ def _round_up(x: int, m: int) -> int:
     return ((x + m - 1) // m) * m
 
 
+# The eager loop attends over the live span of the static caches, rounded up to this many slots.
+SPAN_STEP = 32
+
+
 class SpecDecoder:
     """One decoding loop over a target runner and a proposer (see module docstring).
 
     cuda_graphs: on a CUDA device, capture each round's stages per batch bucket (`graphs.py`) and
-    replay them; ignored elsewhere. time_stages: per-stage timing (host-synced on CUDA eager;
-    CUDA events with graphs). poll_every: rounds between `done` polls (default 1 eager, 4 graphs)."""
+    replay them; ignored elsewhere. compile: where no graphs run (CPU), `torch.compile` each stage
+    per batch bucket (`compiled.py`; True = inductor, or the name of another torch.compile backend,
+    e.g. "aot_eager" to check the protocol without code generation); the compile time is reported
+    apart (`extra["compile_s"]`).
+    Otherwise the stages run eagerly, over the live span of the caches (`SPAN_STEP`). time_stages:
+    per-stage timing (host-synced on CUDA eager; CUDA events with graphs). poll_every: rounds between
+    `done` polls (default 1 eager or compiled, 4 graphs)."""
 
     def __init__(self, target, proposer: Proposer, eos_token_id: int | Sequence[int] | None = None, *,
                  runner: str | TargetRunner = "auto", attention: str = "auto", cuda_graphs: bool = False,
-                 batch_buckets: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128), warmup_rounds: int = 2,
-                 poll_every: int | None = None, time_stages: bool = True, graph_granularity: str = "stage"):
+                 compile: bool | str = False, batch_buckets: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128),
+                 warmup_rounds: int = 2, poll_every: int | None = None, time_stages: bool = True,
+                 graph_granularity: str = "stage"):
         self.target = target
         self.proposer = proposer
         if isinstance(runner, TargetRunner):
@@ -219,6 +235,10 @@ class SpecDecoder:
         self.device = target.device
         self.dtype = target.dtype
         self.use_graphs = bool(cuda_graphs) and self.device.type == "cuda" and self.runner.supports_graphs
+        self.compiled = bool(compile) and not self.use_graphs
+        self._generator: torch.Generator | None = None
+        self.compile_backend = compile if isinstance(compile, str) else "inductor"
+        self.compile_s = 0.0
         self.batch_buckets = sorted(int(b) for b in batch_buckets)
         self.warmup_rounds = warmup_rounds
         self.poll_every = poll_every or (4 if self.use_graphs else 1)
@@ -232,9 +252,22 @@ class SpecDecoder:
     def num_candidates(self) -> int:
         return self.proposer.num_candidates
 
+    @property
+    def fixed_shapes(self) -> bool:
+        """Graphs and compiled stages replay one program per shape: buckets of batch and cache length,
+        whole caches attended. The eager path sizes everything exactly and attends the live span."""
+        return self.use_graphs or self.compiled
+
+    def replays_program(self, sampling: SamplingConfig) -> bool:
+        """Whether rounds under `sampling` replay a captured / compiled program (else they run eagerly).
+        Compiled stages are greedy only: a sampled stage reads the run's seeded torch.Generator, which
+        dynamo does not trace, and a stage compiled in pieces makes dynamo skip that stage's code in
+        every later compile of the process (other decoders, other shapes) without a word."""
+        return self.use_graphs or (self.compiled and sampling.greedy)
+
     # -- state ---------------------------------------------------------------------------------------
     def _bucket(self, n: int) -> int:
-        if not self.use_graphs:
+        if not self.fixed_shapes:
             return n
         for b in self.batch_buckets:
             if b >= n:
@@ -248,9 +281,12 @@ class SpecDecoder:
         if reuse:
             st.sampling = sampling
             return st
-        max_len = _round_up(need_len, 256 if self.use_graphs else 16)
-        max_new_cap = _round_up(max_new, 64) if self.use_graphs else max_new
+        # Graphs: 256-slot steps, so that one capture serves most prompt lengths; compiled: 64 (inductor
+        # attends over the whole cache); eager: exact to 16 (it attends over the live span anyway).
+        max_len = _round_up(need_len, 256 if self.use_graphs else 64 if self.compiled else 16)
+        max_new_cap = _round_up(max_new, 64) if self.fixed_shapes else max_new
         self.runner.allocate(batch, max_len)
+        self.runner.span = None
         st = DecodeState(batch, max_len, self.num_candidates, max_new_cap, self.vocab_size, self.runner.hidden_size,
                          self.runner.feature_dim, self.device, self.dtype, sampling, self.runner, self.eos_ids,
                          need_hidden=self.proposer.needs_last_hidden, need_features=self.proposer.needs_features)
@@ -301,8 +337,8 @@ class SpecDecoder:
         if st.f_verify is not None:
             st.f_verify.copy_(out.layer_hidden)
         r = st.round_idx.clamp(max=st.rounds_cap - 1)
-        st.acc_log.index_copy_(0, r, torch.where(active, eff, -1)[None])
-        st.raw_log.index_copy_(0, r, torch.where(active, acc, -1)[None])
+        st.acc_log[r] = torch.where(active, eff, -1)[None]   # indexed assignments: in place when compiled too
+        st.raw_log[r] = torch.where(active, acc, -1)[None]
         st.round_idx.add_(1)
 
     # -- prefill ------------------------------------------------------------------------------------
@@ -318,6 +354,7 @@ class SpecDecoder:
         lengths = torch.tensor([len(p) for p in rows], dtype=torch.long, device=self.device)
         st.reset()
         st.max_new.fill_(max_new)
+        self._set_span(st, t)
         out = self.runner.prefill(ids, lengths, last_logits_only=True)
         s = st.sampling
         first = sample_tokens(out.logits, s.temperature, s.top_k, s.top_p, generator=st.generator)[:, 0]
@@ -356,8 +393,12 @@ class SpecDecoder:
         if self.device.type == "cuda":
             torch.cuda.manual_seed(seed)  # graphs replay the default CUDA generator
         else:
-            cpu_gen = torch.Generator(device=self.device).manual_seed(seed)
+            # One generator per decoder, reseeded per call: compiled stages keep reading the same object.
+            if self._generator is None:
+                self._generator = torch.Generator(device=self.device)
+            cpu_gen = self._generator.manual_seed(seed)
         bar = _progress(n_req, f"decode {self.proposer.name}", progress)
+        compile_before = self.compile_s
         self._sync()
         t_start = time.perf_counter()
         prefill_s = 0.0
@@ -366,9 +407,9 @@ class SpecDecoder:
             ids = list(range(start, min(n_req, start + batch_size)))
             chunk = [prompts[i] for i in ids]
             t_batch = time.perf_counter()
-            # Graphs: one bucket for every chunk (a short last chunk gets padding rows) so that the
-            # captured graphs are reused; eager: exactly the chunk's size.
-            rows = self._bucket(batch_size) if self.use_graphs else len(chunk)
+            # Graphs / compiled: one bucket for every chunk (a short last chunk gets padding rows) so
+            # that the captured graphs are reused; eager: exactly the chunk's size.
+            rows = self._bucket(batch_size) if self.fixed_shapes else len(chunk)
             st = self._ensure_state(rows, max(map(len, chunk)) + max_new_tokens + 6 * (self.num_candidates + 1) + 2,
                                     max_new_tokens, sampling)
             st.generator = cpu_gen
@@ -392,13 +433,15 @@ class SpecDecoder:
             batches += 1
             bar.update(len(ids))
         self._sync()
-        wall = time.perf_counter() - t_start
+        compile_s = self.compile_s - compile_before   # compiling is not decoding: reported apart
+        wall = time.perf_counter() - t_start - compile_s
         bar.close()
         return DecodeResult(self.proposer.name, self.num_candidates, tokens, accepted, accepted_raw,
                             [len(p) for p in prompts], wall, prefill_s, ttft,
                             timer.ms_per_round() if timer is not None else {},
                             timer.counted_rounds if timer is not None else 0, batches, sampling,
                             extra={"runner": self.runner.kind, "cuda_graphs": self.use_graphs,
+                                   "compiled": self.compiled and sampling.greedy, "compile_s": compile_s,
                                    "attention": getattr(self.runner, "attention", "hf")})
 
     # -- rounds ---------------------------------------------------------------------------------------
@@ -411,20 +454,29 @@ class SpecDecoder:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _decode_rounds(self, st: DecodeState, max_new: int, timer: StageTimer | None) -> None:
-        if self.use_graphs:
-            from dmtp.decode.graphs import RoundGraphs
+    def _set_span(self, st: DecodeState, longest: int) -> None:
+        """Eager rounds attend over the caches' live span. `longest` = the longest committed length (a
+        host value: the prompts' at prefill, one read of the lengths per round, free on CPU and no extra
+        sync on CUDA eager, which polls `done` every round anyway). Every row a round writes or reads
+        sits below longest + width + 1 (verify rows at L..L+K, MTP rows at L+1..L+K+1), so the span
+        covers them all. Captured / compiled programs keep the whole caches (span None)."""
+        self.runner.span = (None if self.replays_program(st.sampling)
+                            else min(st.max_len, _round_up(longest + st.width + 1, SPAN_STEP)))
 
+    def _decode_rounds(self, st: DecodeState, max_new: int, timer: StageTimer | None) -> None:
+        if self.replays_program(st.sampling):
             key = (st.batch, st.max_len, st.sampling.key())
-            graphs = self._graphs.get(key)
-            if graphs is None:
-                graphs = self._capture(st, RoundGraphs)
-                self._graphs[key] = graphs
-            run_round = lambda: graphs.replay(timer)  # noqa: E731
+            program = self._graphs.get(key)
+            if program is None:
+                program = self._capture(st)
+                self._graphs[key] = program
+            run_round = lambda: program.replay(timer)  # noqa: E731
         else:
             stages = self.stages(st)
+            lengths = self.runner.lengths
 
             def run_round():
+                self._set_span(st, int(lengths.max()))
                 for name, fn in stages:
                     with (timer.stage(name) if timer is not None else contextlib.nullcontext()):
                         fn()
@@ -435,15 +487,31 @@ class SpecDecoder:
             if (r + 1) % self.poll_every == 0 and bool(st.done.all()):
                 break
 
-    def _capture(self, st: DecodeState, graphs_cls):
-        """Capture the round's stages with a snapshot/restore of the state the warm-up mutates."""
+    def _capture(self, st: DecodeState):
+        """CUDA graphs or compiled stages of the round. The stages run during the capture / compile
+        warm-up mutate the state and draw from the run's seeded generator: both are put back."""
         saved = _snapshot(st, self.runner, self.proposer)
-        graphs = graphs_cls(self.stages(st), granularity=self.graph_granularity)
-        graphs.capture(reset=lambda: _restore(saved))
-        return graphs
+        gen = st.generator
+        gen_state = gen.get_state() if gen is not None else None
+
+        def reset():
+            _restore(saved)
+            if gen is not None:
+                gen.set_state(gen_state)
+
+        if self.use_graphs:
+            from dmtp.decode.graphs import RoundGraphs
+
+            return RoundGraphs(self.stages(st), granularity=self.graph_granularity).capture(reset=reset)
+        from dmtp.decode.compiled import CompiledRound
+
+        program = CompiledRound(self.stages(st), granularity=self.graph_granularity, backend=self.compile_backend)
+        program.warm_up(reset=reset)
+        self.compile_s += program.compile_s
+        return program
 
 
-_SNAPSHOT_SKIP = {"g_buf", "ref", "ctx_positions", "offsets", "row_offsets", "block_ids", "eos"}
+_SNAPSHOT_SKIP = {"g_buf", "ref", "ctx_positions", "offsets", "row_offsets", "rows", "block_ids", "eos"}
 
 
 def _snapshot(st: DecodeState, runner: TargetRunner, proposer: Proposer) -> list[tuple[torch.Tensor, torch.Tensor]]:

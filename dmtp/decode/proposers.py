@@ -14,7 +14,9 @@ Methods:
 * `MTPChainProposer(k)`: the native MTP chained k times (`mtp415` = k 4, top-1, 5 verify slots).
 * `DrafterProposer`: raw DFlash and every DMTP variant, through the drafter's injection module.
   It never looks at a variant's name: `uses_mtp`, `needs_mtp_context`, `num_slots`,
-  `first_predicted_slot`, `slot_positions` and `build_slots` say everything.
+  `first_predicted_slot`, `slot_positions`, `build_block`, and for the MTP tokens `mtp_steps` (the
+  static chain length S), `choose_num_mtp` (m per request, on the device) and `merge_candidates`
+  (candidate j from the MTP for j <= m, else from the drafter, by `torch.where`) say everything.
 * `ScriptedProposer`: proposes given continuations, optionally corrupting one candidate (tests,
   acceptance ceilings).
 
@@ -69,32 +71,57 @@ class MTPState:
         self.h = torch.zeros(batch, self.hidden_size, dtype=dtype, device=device)
         self.g_buf = torch.zeros(batch, max_len, self.hidden_size, dtype=dtype, device=device) if self.keep_features else None
         self.row_offsets = torch.arange(1, rows + 1, device=device)
+        self.rows = torch.arange(batch, device=device)[:, None]
 
-    def prefill(self, ids: torch.Tensor, lengths: torch.Tensor, anchor: torch.Tensor, last_hidden: torch.Tensor) -> None:
+    def prefill(self, ids: torch.Tensor, lengths: torch.Tensor, anchor: torch.Tensor, last_hidden: torch.Tensor,
+                span: int | None = None) -> None:
         """Rows at positions 1..T over the prompt: row t consumes (x_t, h_{t-1}); x_len = A (the first
-        output token). Row `len` gives the hidden that predicts T1."""
+        output token). Row `len` gives the hidden that predicts T1. `span` (here and below): the cache
+        slots attended to, as the target runner's (None: all)."""
         b, t = ids.shape
         tokens = torch.cat([ids[:, 1:], ids.new_zeros(b, 1)], dim=1)
         tokens.scatter_(1, (lengths - 1)[:, None], anchor[:, None])
         positions = torch.arange(1, t + 1, device=ids.device).expand(b, -1)
-        g = self.mtp.forward_rows(tokens, last_hidden, positions, self.cache)
+        g = self.mtp.forward_rows(tokens, last_hidden, positions, self.cache, span)
         self.h.copy_(_gather_pos(g, lengths - 1))
         if self.g_buf is not None:
             self.g_buf.zero_()
             self.g_buf[:, 1:t + 1] = g.to(self.g_buf.dtype)
 
-    def catch_up(self, tokens: torch.Tensor, hidden: torch.Tensor, a_prev: torch.Tensor, acc: torch.Tensor) -> None:
+    def catch_up(self, tokens: torch.Tensor, hidden: torch.Tensor, a_prev: torch.Tensor, acc: torch.Tensor,
+                 span: int | None = None) -> None:
         """tokens/hidden [B, W]: the verify's target tokens y and post-norm hidden states at positions
         a..a+W-1. Rows at a+1..a+W; the row at a+acc+1 (the new anchor) gives the next T1's hidden."""
         positions = a_prev[:, None] + self.row_offsets
-        g = self.mtp.forward_rows(tokens, hidden, positions, self.cache)
+        g = self.mtp.forward_rows(tokens, hidden, positions, self.cache, span)
         self.h.copy_(_gather_pos(g, acc))
         if self.g_buf is not None:
-            self.g_buf.scatter_(1, positions[..., None].expand(-1, -1, g.shape[-1]), g.to(self.g_buf.dtype))
+            self.g_buf[self.rows, positions] = g.to(self.g_buf.dtype)   # in place, compiled too (KVCache.write)
 
-    def step(self, token: torch.Tensor, prev_hidden: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    def step(self, token: torch.Tensor, prev_hidden: torch.Tensor, position: torch.Tensor,
+             span: int | None = None) -> torch.Tensor:
         """One chained row (scratch; the next catch-up overwrites it): [B], [B, H], [B] -> g [B, H]."""
-        return self.mtp.forward_rows(token[:, None], prev_hidden[:, None], position[:, None], self.cache)[:, 0]
+        return self.mtp.forward_rows(token[:, None], prev_hidden[:, None], position[:, None], self.cache, span)[:, 0]
+
+    def chain(self, st, steps: int, keep_hidden: bool = False, keep_logits: bool = False):
+        """T1..T_steps from chaining the MTP: step 1 reads the cached `h` (built from the target's
+        states), each later step its own post-norm hidden of the previous step, in scratch rows after
+        the anchor. -> (tokens [B, S], q [B, S, V] or None, hiddens that predicted them [B, S, H] or
+        None, their logits [B, S, V] or None), the last two only when asked for."""
+        h = self.h
+        a = st.target_lengths()
+        toks, qs, hiddens, logits = [], [], [], []
+        for j in range(steps):
+            if j > 0:
+                h = self.step(toks[-1], h, a + j, st.span)
+            scores = self.logits(h)
+            tok, q = pick_tokens(scores, st)
+            toks.append(tok)
+            qs.append(q)
+            hiddens.append(h)
+            logits.append(scores)
+        stack = lambda xs, keep: torch.stack(xs, dim=1) if keep else None  # noqa: E731
+        return stack(toks, True), stack(qs, st.q is not None), stack(hiddens, keep_hidden), stack(logits, keep_logits)
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
         return self.mtp.logits(g)
@@ -130,18 +157,21 @@ class DrafterState:
         for cache, (k, v) in zip(self.caches, self.drafter.context_kv(hidden, positions)):
             cache.write(positions, k, v)
 
-    def build(self, anchor: torch.Tensor, t1: torch.Tensor | None, h_mtp: torch.Tensor | None) -> None:
-        self.slots.copy_(self.injection.build_slots(self.embed, anchor, t1, h_mtp))
+    def build(self, anchor: torch.Tensor, mtp_tokens: torch.Tensor | None, mtp_hidden: torch.Tensor | None,
+              num_mtp: torch.Tensor) -> None:
+        self.slots.copy_(self.injection.build_block(self.embed, anchor, mtp_tokens, mtp_hidden, num_mtp))
 
-    def draft(self, anchor_pos: torch.Tensor, first_prev: torch.Tensor, sampler):
+    def draft(self, anchor_pos: torch.Tensor, first_prev: torch.Tensor, sampler, span: int | None = None):
         """Tokens [B, num_drafter_candidates] (and q when sampling) for the predicted slots; context
-        strictly before A. The drafter itself turns its hidden states into candidates (`propose`:
-        argmax per slot for DFlash, the candidate selector's path for DFlash2)."""
+        strictly before A, read from the first `span` cache slots (None: all). The drafter itself turns
+        its hidden states into candidates (`propose`: argmax per slot for DFlash, the candidate
+        selector's path for DFlash2)."""
         inj = self.injection
         positions = inj.slot_positions(anchor_pos)
         limit = anchor_pos[:, None].expand(-1, inj.num_slots)
-        ctx_kv = [(c.k, c.v) for c in self.caches]
-        hidden = self.drafter(self.slots, positions, ctx_kv, self.ctx_positions, limit, self.block_ids)
+        w = self.ctx_positions.shape[1] if span is None else min(span, self.ctx_positions.shape[1])
+        ctx_kv = [(c.k[:, :, :w], c.v[:, :, :w]) for c in self.caches]
+        hidden = self.drafter(self.slots, positions, ctx_kv, self.ctx_positions[:, :w], limit, self.block_ids)
         return self.drafter.propose(hidden[:, inj.first_predicted_slot:], self.lm_head_weight, first_prev,
                                     sampler=sampler)
 
@@ -168,7 +198,7 @@ class Proposer:
 
     def prefill(self, st, ids: torch.Tensor, lengths: torch.Tensor, out) -> None:
         if self.mtp_state is not None:
-            self.mtp_state.prefill(ids, lengths, st.anchor, out.last_hidden)
+            self.mtp_state.prefill(ids, lengths, st.anchor, out.last_hidden, st.span)
 
     def propose_stages(self, st) -> list[Stage]:
         return []
@@ -177,7 +207,7 @@ class Proposer:
         if self.mtp_state is None:
             return []
         m = self.mtp_state
-        return [("mtp", lambda: m.catch_up(st.y, st.h_verify, st.a_prev, st.acc))]
+        return [("mtp", lambda: m.catch_up(st.y, st.h_verify, st.a_prev, st.acc, st.span))]
 
 
 class ARProposer(Proposer):
@@ -201,24 +231,18 @@ class MTPChainProposer(Proposer):
         m, k = self.mtp_state, self.num_candidates
 
         def chain():
-            h = m.h
-            a = st.target_lengths()
-            toks, qs = [], []
-            for j in range(k):
-                if j > 0:
-                    h = m.step(toks[-1], h, a + j)
-                tok, q = pick_tokens(m.logits(h), st)
-                toks.append(tok)
-                qs.append(q)
-            st.candidates.copy_(torch.stack(toks, dim=1))
+            toks, q, _, _ = m.chain(st, k)
+            st.candidates.copy_(toks)
             if st.q is not None:
-                st.q.copy_(torch.stack(qs, dim=1))
+                st.q.copy_(q)
 
         return [("mtp", chain)]
 
 
 class DrafterProposer(Proposer):
-    """A DFlash drafter (raw or DMTP): 7 candidates, the MTP's T1 first when the injection uses it."""
+    """A DFlash drafter (raw or DMTP): 7 candidates, the MTP's T1..Tm first when the injection uses it
+    (m = 1 but for the multi-step variant, whose S-step MTP chain runs every round, m chosen per
+    request from it)."""
 
     def __init__(self, drafter: DFlashDrafter, injection: Injection, embed_weight: torch.Tensor,
                  lm_head_weight: torch.Tensor, mtp: NativeMTP | None = None, name: str = "drafter"):
@@ -239,10 +263,18 @@ class DrafterProposer(Proposer):
         n_t1 = 1 if inj.uses_mtp else 0
         if n_t1 + inj.num_drafter_candidates != self.num_candidates:
             raise ValueError(f"injection proposes {n_t1 + inj.num_drafter_candidates} candidates, expected {self.num_candidates}")
-        self.t1 = torch.zeros(st.batch, dtype=torch.long, device=st.device)
-        self.q_t1 = (torch.zeros(st.batch, st.vocab_size, dtype=torch.float32, device=st.device)
-                     if st.q is not None and inj.uses_mtp else None)
+        s = inj.mtp_steps
+        self.mtp_tokens = torch.zeros(st.batch, max(s, 1), dtype=torch.long, device=st.device)   # T1..TS
+        self.mtp_hidden = torch.zeros(st.batch, s, self.mtp_state.hidden_size, dtype=st.dtype, device=st.device) \
+            if s else None
+        self.mtp_q = (torch.zeros(st.batch, s, st.vocab_size, dtype=torch.float32, device=st.device)
+                      if st.q is not None and s else None)
+        self.num_mtp = torch.full((st.batch,), min(s, 1), dtype=torch.long, device=st.device)   # m per request
         self.offsets = torch.arange(st.width, device=st.device)
+
+    @property
+    def t1(self) -> torch.Tensor:
+        return self.mtp_tokens[:, 0]
 
     def _mtp_features(self, positions: torch.Tensor) -> torch.Tensor | None:
         if not self.injection.needs_mtp_context:
@@ -257,32 +289,32 @@ class DrafterProposer(Proposer):
 
     def propose_stages(self, st) -> list[Stage]:
         inj, d = self.injection, self.dstate
+        steps = inj.mtp_steps
+        tokens = self.mtp_tokens[:, :steps] if steps else None
+
+        def chain():   # T1..TS, the hiddens that predicted them and their q; m from the chain's logits
+            toks, q, hidden, logits = self.mtp_state.chain(st, steps, keep_hidden=True, keep_logits=steps > 1)
+            self.mtp_tokens.copy_(toks)
+            self.mtp_hidden.copy_(hidden)
+            if self.mtp_q is not None:
+                self.mtp_q.copy_(q)
+            if steps > 1:   # one step: m = 1 always (set at allocation)
+                self.num_mtp.copy_(inj.choose_num_mtp(logits))
 
         def t1_fusion():
-            h = self.mtp_state.h if self.mtp_state is not None else None
-            t1 = None
-            if inj.uses_mtp:
-                t1, q = pick_tokens(self.mtp_state.logits(h), st)
-                self.t1.copy_(t1)
-                if self.q_t1 is not None:
-                    self.q_t1.copy_(q)
-            d.build(st.anchor, t1, h)
+            if steps == 1:   # the T1 head is part of this stage; a longer chain is its own "mtp" stage
+                chain()
+            d.build(st.anchor, tokens, self.mtp_hidden, self.num_mtp)
 
         def draft():
             first_prev = self.t1 if inj.uses_mtp else st.anchor   # the token before the first predicted slot
-            tok, q = d.draft(st.target_lengths(), first_prev, lambda scores: pick_tokens(scores, st))
-            if inj.uses_mtp:
-                st.candidates[:, :1].copy_(self.t1[:, None])
-                st.candidates[:, 1:].copy_(tok)
-                if st.q is not None:
-                    st.q[:, :1].copy_(self.q_t1[:, None])
-                    st.q[:, 1:].copy_(q)
-            else:
-                st.candidates.copy_(tok)
-                if st.q is not None:
-                    st.q.copy_(q)
+            tok, q = d.draft(st.target_lengths(), first_prev, lambda scores: pick_tokens(scores, st), st.span)
+            # Candidate j is the MTP's for j <= m (its q with it), else the drafter's.
+            st.candidates.copy_(inj.merge_candidates(tokens, tok, self.num_mtp))
+            if st.q is not None:
+                st.q.copy_(inj.merge_candidates(self.mtp_q, q, self.num_mtp))
 
-        return [("t1_fusion", t1_fusion), ("drafter", draft)]
+        return ([("mtp", chain)] if steps > 1 else []) + [("t1_fusion", t1_fusion), ("drafter", draft)]
 
     def advance_stages(self, st) -> list[Stage]:
         d = self.dstate

@@ -35,6 +35,11 @@ class TargetRunner:
 
     supports_graphs = False
     kind = "base"
+    # Host-side bound on the cache slots a call attends to (None: all `max_len`). The eager loop sets
+    # it from the committed lengths before each call, so attention and masks cost the live length, not
+    # the maximum; captured graphs and the compiled path keep None (fixed shapes). A runner that does
+    # not read it simply attends over the whole cache.
+    span: int | None = None
 
     def __init__(self, target: TargetModel, layer_ids=()):
         target.check_layer_ids(layer_ids)
@@ -57,6 +62,10 @@ class TargetRunner:
 
     def allocate(self, batch_size: int, max_len: int) -> None:
         raise NotImplementedError
+
+    def visible_slots(self) -> int:
+        """How many cache slots from 0 the next call attends to: the span, else the whole cache."""
+        return self.max_len if self.span is None else min(self.span, self.max_len)
 
     def prefill(self, ids: torch.Tensor, lengths: torch.Tensor, last_logits_only: bool = False) -> TargetOutput:
         """Right-padded prompts ids [B, T] with valid lengths [B]. Writes positions 0..T-1 and sets

@@ -19,7 +19,7 @@ from torch import nn
 
 from dmtp.decode.runner_base import (TargetRunner, bind_linear, bind_norm, flash_attn_available, flash_attn_with_kvcache,
                                      gather_rows)
-from dmtp.models.qwen3 import KVCache, Qwen3DecoderLayer
+from dmtp.models.qwen3 import KVCache, Qwen3DecoderLayer, additive_mask, rope_cos_sin
 from dmtp.models.target import TargetModel, TargetOutput
 
 FAST_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral")
@@ -141,14 +141,6 @@ class FastTargetRunner(TargetRunner):
         cls = _FlashCache if self.attention == "flash" else KVCache
         return cls(batch_size, self.num_kv_heads, max_len, self.head_dim, self.dtype, self.device)
 
-    def _rope(self, positions: torch.Tensor, dtype):
-        freqs = positions.to(torch.float32)[..., None] * self.inv_freq.to(device=positions.device, dtype=torch.float32)
-        emb = torch.cat([freqs, freqs], dim=-1)
-        cos, sin = emb.cos(), emb.sin()
-        if self.rope_scaling != 1.0:
-            cos, sin = cos * self.rope_scaling, sin * self.rope_scaling
-        return cos.to(dtype), sin.to(dtype)
-
     def _layer_flash(self, layer: Qwen3DecoderLayer, x, cos, sin, cache: _FlashCache, seqlens):
         attn = layer.self_attn
         h = layer.input_layernorm(x)
@@ -165,7 +157,7 @@ class FastTargetRunner(TargetRunner):
         if not self.caches:
             raise RuntimeError("call allocate(batch_size, max_len) first")
         x = self.embed(ids)
-        cos, sin = self._rope(positions, x.dtype)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype, self.rope_scaling)
         last_layer = self.num_layers - 1
         taps: dict[int, torch.Tensor] = {}
         if self.attention == "flash":
@@ -175,7 +167,9 @@ class FastTargetRunner(TargetRunner):
                 if i in self.layer_ids and i != last_layer:
                     taps[i] = x
         else:
-            mask = (self._slots[None, None, :] <= positions[:, :, None])[:, None]
+            # One mask for every layer, over the slots this call can see (the loop's live span, else all).
+            slots = self._slots[:self.visible_slots()]
+            mask = additive_mask((slots[None, None, :] <= positions[:, :, None])[:, None], x.dtype)
             for i, layer in enumerate(self.layers):
                 x = layer(x, cos, sin, mask, cache=self.caches[i], positions=positions)
                 if i in self.layer_ids and i != last_layer:

@@ -82,17 +82,20 @@ def probs_from_logits(
 
 
 def sample_from_probs(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
-    """Draw one index per row of ``probs`` (``[..., V]``) with the exponential race.
+    """Draw one index per row of ``probs`` (``[..., V]``, any non-negative mass) by inverting its CDF.
 
-    ``argmax(p / E)`` with ``E ~ Exponential(1)`` i.i.d. picks index ``v`` with
-    probability ``p_v / sum(p)``; zero-probability indices are never picked. No host sync.
+    One uniform ``u`` per row, ``x = u * total`` kept strictly below the total, and the first index whose
+    cumulative mass exceeds ``x``: index ``v`` is picked with probability ``p_v / sum(p)``, and an index
+    with zero mass never (its interval is empty). One random number per row (an exponential race would
+    draw V, which on CPU costs more than the rest of a round), fixed shapes, no host sync.
     """
-    race = torch.empty(probs.shape, dtype=torch.float32, device=probs.device)
-    race.exponential_(1.0, generator=generator)
-    # exponential_ can in principle return 0; keep the division finite (0/0 -> NaN would
-    # win the argmax).
-    race.clamp_min_(torch.finfo(torch.float32).tiny)
-    return (probs.float() / race).argmax(dim=-1)
+    cdf = probs.float().cumsum(dim=-1)
+    total = cdf[..., -1:]
+    u = torch.rand(total.shape, dtype=torch.float32, device=probs.device, generator=generator)
+    # u * total can round up to total when u is close to 1: the largest float below it is still valid.
+    x = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    idx = torch.searchsorted(cdf, x, right=True)
+    return idx.clamp_max(probs.shape[-1] - 1).squeeze(-1)
 
 
 def sample_tokens(

@@ -1,18 +1,28 @@
 """The one interface every injection variant implements (SPEC §3).
 
-A variant decides three things and nothing else:
+A variant decides these things and nothing else:
 1. the drafter's input slots for one block (`build_slots`), given the anchor A, the MTP's first
-   candidate T1 and the MTP hidden that predicted T1;
+   candidate T1 and the MTP hidden that predicted T1 (`build_block` is the general entry point:
+   the MTP's tokens T1..TS, their hiddens and how many of them, m, each block uses);
 2. where slot 0 sits relative to A (`first_slot_offset`: 0 when A is a slot, 1 when T1 is first);
 3. the drafter's context features per position (`context_features`), from the target's tapped
-   layers and, for context variants, the per-position MTP hidden.
+   layers and, for context variants, the per-position MTP hidden;
+4. how many MTP tokens a block holds: at most `max_mtp_tokens` (training samples m per block with
+   `sample_num_mtp`), `mtp_steps` chained MTP steps per decoding round, m chosen per request from
+   the chain's logits (`choose_num_mtp`). Every variant but the multi-step one has m = 1 (0 for
+   raw DFlash), so these are constants for them.
 
 Conventions shared by training and decoding (they call the same methods):
 - A sits at position a; the drafter's context is every position < a.
 - slot s sits at position a + first_slot_offset + s and predicts the token at that position;
-  the last `num_drafter_candidates` slots are the drafter's predictions.
+  the last `num_drafter_candidates` slots are the drafter's predictions. With m MTP tokens in the
+  block, the drafter's predictions for candidates 1..m are unused (`drafter_slot_mask`): the MTP's
+  tokens replace them (`merge_candidates`), through `torch.where` on a per-request m, so every
+  shape stays fixed.
 - `h_mtp` is the MTP hidden that PREDICTS T1 (g_a in dmtp's row convention), never the one after
-  consuming T1.
+  consuming T1; h_j, likewise, is the hidden that predicted T_j along the MTP's own chain.
+- The MTP hidden enters the slots through a stop-gradient (`build_block`), lifted only when the
+  MTP trains with the drafter (`mtp_grad=True`, model.train_mtp).
 """
 from __future__ import annotations
 
@@ -66,7 +76,69 @@ class Injection(nn.Module):
         """[..., n*H] tapped target layers (+ [..., H] per-position MTP hidden) -> drafter fc input."""
         return target_features
 
+    # -- MTP tokens per block ---------------------------------------------------------------------
+    @property
+    def max_mtp_tokens(self) -> int:
+        """The most MTP tokens one block holds (M): 1 when T1 comes from the MTP, 0 for raw DFlash."""
+        return 1 if self.uses_mtp else 0
+
+    @property
+    def mtp_steps(self) -> int:
+        """Chained MTP steps per decoding round (S <= M): the proposals T1..TS every round computes."""
+        return self.max_mtp_tokens
+
+    def sample_num_mtp(self, shape, generator: torch.Generator | None = None, device=None) -> torch.Tensor:
+        """Training: m for each block [*shape] (long). Fixed here: every block holds M tokens."""
+        return torch.full(tuple(shape), self.max_mtp_tokens, dtype=torch.long, device=device)
+
+    def choose_num_mtp(self, mtp_logits: torch.Tensor) -> torch.Tensor:
+        """Decoding (and the exact validation walk): m per request from the chain's logits
+        [..., S, V] -> [...] long in 1..S. Fixed here: all S."""
+        return torch.full(mtp_logits.shape[:-2], mtp_logits.shape[-2], dtype=torch.long, device=mtp_logits.device)
+
+    def drafter_slot_mask(self, num_mtp: torch.Tensor) -> torch.Tensor:
+        """[...] m -> [..., num_drafter_candidates] bool: True where the predicted slot is a real
+        prediction (its candidate comes after the block's m MTP tokens; earlier ones are inputs)."""
+        first = self.first_slot_offset + self.first_predicted_slot   # candidate number of the first predicted slot
+        number = torch.arange(self.num_drafter_candidates, device=num_mtp.device) + first
+        return number > num_mtp[..., None]
+
+    def merge_candidates(self, mtp_values: torch.Tensor | None, drafted: torch.Tensor,
+                         num_mtp: torch.Tensor) -> torch.Tensor:
+        """The block's K candidates (or any per-candidate values, e.g. q [..., K, V]): candidate j is
+        the MTP's j-th for j <= m, else the drafter's. mtp_values [..., S, *rest] (None: no MTP),
+        drafted [..., num_drafter_candidates, *rest], num_mtp [...] -> [..., K, *rest]."""
+        if mtp_values is None:
+            return drafted
+        d = num_mtp.dim()
+        fixed = BLOCK_CANDIDATES - self.num_drafter_candidates      # candidates that always come from the MTP
+        by_drafter = torch.cat([mtp_values.narrow(d, 0, fixed), drafted], dim=d)
+        steps = mtp_values.shape[d]
+        if steps == fixed:   # m is constant: nothing to choose (every variant but the multi-step one)
+            return by_drafter
+        by_mtp = torch.cat([mtp_values, by_drafter.narrow(d, steps, BLOCK_CANDIDATES - steps)], dim=d)
+        use_mtp = torch.arange(BLOCK_CANDIDATES, device=num_mtp.device) < num_mtp[..., None]
+        use_mtp = use_mtp.view(*use_mtp.shape, *([1] * (by_mtp.dim() - use_mtp.dim())))
+        return torch.where(use_mtp, by_mtp, by_drafter)
+
     # -- slots ------------------------------------------------------------------------------------
+    def build_block(self, embed: Embed, anchor: torch.Tensor, mtp_tokens: torch.Tensor | None,
+                    mtp_hidden: torch.Tensor | None, num_mtp: torch.Tensor | None = None,
+                    mtp_grad: bool = False) -> torch.Tensor:
+        """What training and decoding call: anchor [N], mtp_tokens [N, S] (T1..TS), mtp_hidden
+        [N, S, H] (h_j predicted T_j), num_mtp [N] (m) -> slot embeddings [N, num_slots, H].
+        The MTP hidden is stop-gradiented here (SPEC's sg) unless the MTP trains (`mtp_grad`)."""
+        if mtp_hidden is not None and not mtp_grad:
+            mtp_hidden = mtp_hidden.detach()
+        return self.block_slots(embed, anchor, mtp_tokens, mtp_hidden, num_mtp)
+
+    def block_slots(self, embed: Embed, anchor: torch.Tensor, mtp_tokens: torch.Tensor | None,
+                    mtp_hidden: torch.Tensor | None, num_mtp: torch.Tensor | None) -> torch.Tensor:
+        """One MTP token per block (m = 1): the slots from T1 and its hidden."""
+        t1 = None if mtp_tokens is None else mtp_tokens[:, 0]
+        h = None if mtp_hidden is None else mtp_hidden[:, 0]
+        return self.build_slots(embed, anchor, t1, h)
+
     def mask_ids(self, n: int, count: int, device) -> torch.Tensor:
         return torch.full((n, count), self.mask_token_id, dtype=torch.long, device=device)
 
@@ -92,12 +164,15 @@ class LowRankResidual(nn.Module):
         nn.init.normal_(self.down.weight, std=0.02)
         nn.init.normal_(self.up.weight, std=0.02)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.up(torch.nn.functional.silu(self.down(self.norm(h.detach()))))
+    def forward(self, h: torch.Tensor) -> torch.Tensor:   # h arrives stop-gradiented (Injection.build_block)
+        return self.up(torch.nn.functional.silu(self.down(self.norm(h))))
 
 
 class TokenHiddenFusion(nn.Module):
-    """W [RMS_e(E(T1)); RMS_m(sg(h_mtp))]: MTP-style fusion of the candidate and its predicting hidden."""
+    """W [RMS_e(E(T1)); RMS_m(sg(h_mtp))]: MTP-style fusion of the candidate and its predicting hidden
+    (row-wise: any leading dims, e.g. [N, S, H] for the multi-step variant's T1..TS). The sg is
+    applied by `Injection.build_block`, so that a jointly trained MTP (model.train_mtp) gets the
+    block loss's gradient through h."""
 
     def __init__(self, hidden_size: int, zero_init: bool):
         super().__init__()
@@ -110,5 +185,5 @@ class TokenHiddenFusion(nn.Module):
             nn.init.normal_(self.proj.weight, std=0.02)
 
     def forward(self, e_t1: torch.Tensor, h_mtp: torch.Tensor) -> torch.Tensor:
-        fused = torch.cat([self.norm_embedding(e_t1), self.norm_mtp(h_mtp.detach().to(e_t1.dtype))], dim=-1)
+        fused = torch.cat([self.norm_embedding(e_t1), self.norm_mtp(h_mtp.to(e_t1.dtype))], dim=-1)
         return self.proj(fused)

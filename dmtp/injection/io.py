@@ -3,22 +3,32 @@
 config.json carries the DFlash keys and, under "dmtp", the variant's name and arguments;
 model.safetensors carries the DFlash tensors and the injection's own under `dmtp_injection.`.
 A plain published DFlash drafter (no "dmtp" section) loads as `raw_dflash` unless told otherwise.
+A drafter trained with its MTP (model.train_mtp) also carries `mtp.safetensors`: the tuned MTP under
+the target checkpoint's own names (`tuned_mtp_path` finds it; the target is never modified).
 """
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import torch
 
 from dmtp.injection import VARIANTS, Injection
-from dmtp.models.drafter import DFlashDrafter, load_drafter, save_drafter
+from dmtp.models.drafter import DFlashDrafter, load_drafter, read_drafter_config, save_drafter
+from dmtp.models.mtp_loading import TUNED_MTP_NAME, save_tuned_mtp
 
 PREFIX = "dmtp_injection."
+_STRUCTURE = ("hidden_size", "num_target_features", "mask_token_id")   # set by the drafter, not options
 
 
 def make_injection(name: str, hidden_size: int, num_target_features: int, mask_token_id: int, **kwargs) -> Injection:
     if name not in VARIANTS:
         raise ValueError(f"unknown injection variant {name!r}; choose from {', '.join(VARIANTS)}")
+    options = [p for p in inspect.signature(VARIANTS[name].__init__).parameters if p not in ("self", *_STRUCTURE)]
+    unknown = [k for k in kwargs if k not in options]
+    if unknown:
+        raise ValueError(f"{unknown[0]!r} is not an option of injection {name} (its options: "
+                         f"{', '.join(options) or 'none'})")
     return VARIANTS[name](hidden_size, num_target_features, mask_token_id, **kwargs)
 
 
@@ -29,24 +39,45 @@ def variant_name(injection: Injection) -> str:
     raise ValueError(f"{type(injection).__name__} is not a registered injection variant")
 
 
-def save_dmtp_drafter(path: str | Path, drafter: DFlashDrafter, injection: Injection, **extra_config) -> None:
+def save_dmtp_drafter(path: str | Path, drafter: DFlashDrafter, injection: Injection, tuned_mtp=None,
+                      target_path: str | Path | None = None, **extra_config) -> None:
+    """`tuned_mtp`: a jointly trained MTP, written beside the drafter as mtp.safetensors under
+    `target_path`'s own checkpoint names."""
     tensors = {PREFIX + k: v.detach().contiguous() for k, v in injection.state_dict().items()}
     meta = {"injection": variant_name(injection), "injection_kwargs": getattr(injection, "init_kwargs", {}),
             **extra_config}
+    if tuned_mtp is not None:
+        meta["tuned_mtp"] = TUNED_MTP_NAME
     save_drafter(path, drafter, extra_tensors=tensors, extra_config=meta)
+    if tuned_mtp is not None:
+        save_tuned_mtp(path, tuned_mtp, target_path)
+
+
+def tuned_mtp_path(path: str | Path) -> Path | None:
+    """The drafter's own tuned MTP (mtp.safetensors) if it has one; an error if its config says it was
+    trained with one that is missing."""
+    tuned = Path(path) / TUNED_MTP_NAME
+    if tuned.is_file():
+        return tuned
+    if (read_drafter_config(path).get("dmtp") or {}).get("tuned_mtp"):
+        raise FileNotFoundError(f"drafter {path} was trained with its MTP (model.train_mtp) but {tuned} is missing")
+    return None
 
 
 def load_dmtp_drafter(path: str | Path, dtype: torch.dtype = torch.float32, injection: str | None = None,
-                      ) -> tuple[DFlashDrafter, Injection, dict]:
+                      options: dict | None = None) -> tuple[DFlashDrafter, Injection, dict]:
     """-> (drafter, injection, extra config). `injection` overrides the saved variant (e.g. to
-    continue a published DFlash drafter as dual_anchor_zero_init); its tensors then start fresh."""
+    continue a published DFlash drafter as dual_anchor_zero_init); its tensors then start fresh.
+    `options` override the saved variant's own options (decoding-time ones, e.g. multi_mtp_zero_init's
+    num_mtp_tokens / mtp_threshold)."""
     drafter, extra_tensors, meta = load_drafter(path, dtype=dtype)
     saved_name = meta.get("injection", "raw_dflash")
     name = injection or saved_name
     cfg = drafter.config
     num_features = len(cfg.target_layer_ids)
-    module = make_injection(name, cfg.hidden_size, num_features, cfg.mask_token_id,
-                            **(meta.get("injection_kwargs", {}) if name == saved_name else {}))
+    kwargs = dict(meta.get("injection_kwargs", {}) if name == saved_name else {})
+    kwargs.update(options or {})
+    module = make_injection(name, cfg.hidden_size, num_features, cfg.mask_token_id, **kwargs)
     if module.context_dim != cfg.context_dim:
         raise ValueError(f"drafter at {path} has context width {cfg.context_dim}, but {name} needs {module.context_dim}")
     state = {k[len(PREFIX):]: v for k, v in extra_tensors.items() if k.startswith(PREFIX)}
@@ -67,14 +98,15 @@ def check_drafter_fits(config, target, what: str) -> None:
 
 
 def fresh_drafter_for(target, name: str, mask_token_id: int, seed: int = 0, num_layers: int = 1,
-                      perturb: float = 0.0) -> tuple[DFlashDrafter, Injection]:
+                      perturb: float = 0.0, **options) -> tuple[DFlashDrafter, Injection]:
     """An untrained drafter + injection sized to `target` (tests, benchmark plumbing): one tapped
     layer (the middle one), the target's widths. `perturb` adds noise to the injection's weights so
-    that every injected path (zero-init fusion included) changes the drafter's output."""
+    that every injected path (zero-init fusion included) changes the drafter's output. `options`: the
+    variant's own (e.g. mtp_threshold)."""
     from dmtp.models.drafter_factory import build_drafter
 
     torch.manual_seed(seed)
-    injection = make_injection(name, target.config.hidden_size, 1, mask_token_id)
+    injection = make_injection(name, target.config.hidden_size, 1, mask_token_id, **options)
     drafter = build_drafter(target, injection.context_dim, mask_token_id, num_layers=num_layers, num_target_features=1)
     if perturb:
         with torch.no_grad():

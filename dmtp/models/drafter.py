@@ -29,12 +29,16 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from dmtp.models.qwen3 import Qwen3DecoderLayer, RMSNorm, attend, init_linear_, rope_cos_sin, rope_inv_freq
+from dmtp.models.qwen3 import (Qwen3DecoderLayer, RMSNorm, additive_mask, attend, init_linear_, rope_cos_sin,
+                               rope_inv_freq)
 from dmtp.models.safe_weights import require_finite, unreadable
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
 _DRAFTER_PREFIXES = ("fc.", "hidden_norm.", "norm.", "layers.", "candidate_selector.")
+# The published DFlash2 names of the selector's codebooks are bare parameters; the reference package
+# keeps them in nn.Embedding modules, so its `save_pretrained` writes them with a `.weight` suffix.
+_ALIASES = {f"candidate_selector.{n}_codebook.weight": f"candidate_selector.{n}_codebook" for n in ("predecessor", "successor")}
 DFLASH_ARCH, DFLASH2_ARCH = "DFlashDraftModel", "DFlash2DraftModel"
 _DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 # DFlash2 training options (dmtp's own; written under dflash_config, absent from published configs).
@@ -315,8 +319,9 @@ class DFlashDrafter(nn.Module):
         x = noise_embeds
         for i, layer in enumerate(self.layers):
             key = (self.config.is_causal_for(i), self.config.window_for(i))
-            if key not in masks:
-                masks[key] = dflash_attention_mask(noise_positions, ctx_positions, ctx_limit, block_ids, *key)
+            if key not in masks:   # built once per layer kind, in the additive form every layer reads as is
+                masks[key] = additive_mask(dflash_attention_mask(noise_positions, ctx_positions, ctx_limit, block_ids,
+                                                                 *key), noise_embeds.dtype)
             x = layer(x, cos, sin, ctx_kv[i][0], ctx_kv[i][1], masks[key], **extra)
         return self.norm(x)
 
@@ -410,7 +415,8 @@ def load_drafter(path, dtype: torch.dtype = torch.float32):
     """Returns (drafter, extra_tensors, extra_config). config.json's `architectures` picks the class
     (DFlashDraftModel or DFlash2DraftModel; anything else loads as DFlash v1). Strict on drafter tensors:
     a missing, unexpected (under fc./hidden_norm./norm./layers./candidate_selector.) or mis-shaped tensor
-    raises ValueError. Other keys are extras."""
+    raises ValueError. Other keys are extras. Checkpoints written by the reference package's classes load
+    too (their codebook names carry `.weight`)."""
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"drafter directory not found: {path}")
@@ -430,16 +436,19 @@ def load_drafter(path, dtype: torch.dtype = torch.float32):
         raise unreadable(w_path, e) from None
     with weights as f:
         keys = list(f.keys())
-        for k in keys:
+        for stored in keys:
+            k = _ALIASES.get(stored, stored)
             if k in expected:
-                t = f.get_tensor(k)
+                if k in state:
+                    raise ValueError(f"{w_path}: tensor {k} is stored twice (also as {stored})")
+                t = f.get_tensor(stored)
                 if tuple(t.shape) != tuple(expected[k]):
                     raise ValueError(f"{w_path}: tensor {k} has shape {tuple(t.shape)}, expected {tuple(expected[k])}")
                 state[k] = t.to(dtype)
             elif k.startswith(_DRAFTER_PREFIXES):
                 raise ValueError(f"{w_path}: unexpected drafter tensor {k}")
             else:
-                extras[k] = f.get_tensor(k)
+                extras[k] = f.get_tensor(stored)
     require_finite({**state, **extras}, f"drafter {w_path}")
     missing = [k for k in expected if k not in state]
     if missing:

@@ -57,9 +57,11 @@ class MLACache:
         return self.c_kv.shape[1]
 
     def write(self, positions: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor) -> None:
-        """positions [B, T] (absolute, < max_len); c_kv [B, T, rank]; k_pe [B, T, rope_dim]."""
+        """positions [B, T] (absolute, < max_len); c_kv [B, T, rank]; k_pe [B, T, rope_dim]. An indexed
+        assignment, as `dmtp.models.qwen3.KVCache.write` (in place when compiled too)."""
+        rows = torch.arange(positions.shape[0], device=positions.device)[:, None]
         for buf, new in ((self.c_kv, c_kv), (self.k_pe, k_pe)):
-            buf.scatter_(1, positions[..., None].expand(-1, -1, new.shape[-1]), new.to(buf.dtype))
+            buf[rows, positions] = new.to(buf.dtype)
 
 
 class MLAttention(nn.Module):
@@ -124,13 +126,19 @@ class MLAttention(nn.Module):
         return self.kv_a_layernorm(c), self._rope(k_pe[:, None], cos, sin)[:, 0]
 
     def attend(self, q_lat, q_pe, c_kv, k_pe, mask: torch.Tensor | None) -> torch.Tensor:
-        """Queries [B, heads, T, .] over keys [B, L, .]; mask bool [B|1, 1, T, L] (True = attend) -> [B, T, H].
-        Heads share one key/value, so they are folded into the query rows of one batched matmul."""
+        """Queries [B, heads, T, .] over keys [B, L, .]; mask [B|1, 1, T, W] (W <= L), boolean (True = attend)
+        or additive (`dmtp.models.qwen3.additive_mask`), as `attend` takes it: keys at W and after are not
+        attended -> [B, T, H]. Heads share one key/value, so they are folded into the query rows of one
+        batched matmul."""
         b, nh, t, rank = q_lat.shape
+        if mask is not None and mask.shape[-1] < c_kv.shape[1]:
+            c_kv, k_pe = c_kv[:, :mask.shape[-1]], k_pe[:, :mask.shape[-1]]
         scores = q_lat.reshape(b, nh * t, rank) @ c_kv.transpose(1, 2)
         scores = scores + q_pe.reshape(b, nh * t, -1) @ k_pe.transpose(1, 2)
         scores = scores.view(b, nh, t, -1) * self.scaling
-        if mask is not None:
+        if mask is not None and mask.dtype != torch.bool:
+            scores = scores + mask
+        elif mask is not None:
             # finfo.min, not -inf: a fully masked row (padding scratch) stays finite; its output is unused.
             scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
         probs = torch.softmax(scores.float(), dim=-1).to(c_kv.dtype)

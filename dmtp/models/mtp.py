@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dmtp.models.qwen3 import KVCache, Qwen3DecoderLayer, RMSNorm, cache_mask, causal_mask, rope_cos_sin, rope_inv_freq
+from dmtp.models.qwen3 import (KVCache, Qwen3DecoderLayer, RMSNorm, additive_mask, cache_mask, causal_mask,
+                               rope_cos_sin, rope_inv_freq)
 
 
 class Qwen3MTPBlock(Qwen3DecoderLayer):
@@ -101,14 +102,16 @@ class NativeMTP(nn.Module):
         return torch.cat([torch.zeros_like(g[:, :1]), g], dim=1)
 
     def forward_rows(self, tokens: torch.Tensor, prev_hidden: torch.Tensor, positions: torch.Tensor,
-                     cache: KVCache) -> torch.Tensor:
+                     cache: KVCache, span: int | None = None) -> torch.Tensor:
         """Incremental rows with the MTP's own static KV cache.
 
         tokens [B,R] (x_t), prev_hidden [B,R,H] (h_{t-1}), positions [B,R] (t). The rows' K/V are
         written at their positions; each row attends to cache slots 1..t (slot 0 never holds a row).
-        Rows beyond a request's valid count are harmless scratch: later writes overwrite them."""
+        Rows beyond a request's valid count are harmless scratch: later writes overwrite them.
+        `span`: attend over the first `span` slots only (> every position; None: the whole cache)."""
         u = self.fuse(tokens, prev_hidden)
-        mask = cache_mask(positions, cache.max_len, first_valid=1)
+        width = cache.max_len if span is None else min(span, cache.max_len)
+        mask = additive_mask(cache_mask(positions, width, first_valid=1), u.dtype)
         for layer in self.layers:
             u = layer(u, positions, mask, cache=cache)
         return self.norm(u)

@@ -40,7 +40,7 @@ from dmtp.models.moe import PackedSwiGLU, PerExpertSwiGLU, sigmoid_moe_from_conf
 from dmtp.models.moe import packed_experts as _packed_experts
 from dmtp.models.mtp import MTPSpec
 from dmtp.models.qwen3 import (KVCache, Qwen3DecoderLayer, Qwen3MLP, RMSNorm, apply_rope, attend, rope_cos_sin,
-                               rope_inv_freq)
+                               rope_inv_freq, rope_tables)
 
 
 def _error(message: str) -> Exception:
@@ -199,7 +199,7 @@ class _RotaryMTPBlock:
         return self
 
     def forward(self, x, positions, mask, cache=None):
-        cos, sin = self._hf["rotary"](x, positions)
+        cos, sin = rope_tables(*self._hf["rotary"](x, positions))
         return super().forward(x, cos, sin, mask, cache=cache, positions=positions)
 
 

@@ -11,6 +11,10 @@ Layouts (see shared/reference/mtp.md):
 Only the MTP's tensors are read, lazily per key, from `model.safetensors` or the shards named by
 `model.safetensors.index.json`. Every MTP parameter must be present with the right shape and every
 MTP tensor in the checkpoint must be consumed; anything else is a one-line error naming the tensor.
+
+A jointly trained MTP (model.train_mtp) is saved beside its drafter as `mtp.safetensors`, under the
+checkpoint's own names (`save_tuned_mtp`), and `load_native_mtp(..., tuned=<file>)` reads its
+tensors from there instead, as strictly: the target checkpoint itself is never modified.
 """
 from __future__ import annotations
 
@@ -21,11 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 from torch import nn
 
 from dmtp.models import mtp_families
 from dmtp.models.mtp import MTPSpec, NativeMTP, Qwen3MTPBlock
+from dmtp.models.safe_weights import require_finite, unreadable
+
+TUNED_MTP_NAME = "mtp.safetensors"   # a jointly trained MTP, beside its drafter's model.safetensors
 
 
 class MTPLoadError(ValueError):
@@ -160,19 +168,68 @@ def _block_keys(names: dict[str, str]) -> list[str]:
                   if n.startswith("layers.0.") and not k.endswith(".weight_scale_inv"))
 
 
-def load_native_mtp(path: str | Path, embed_tokens: nn.Embedding, lm_head: nn.Module,
-                    dtype: torch.dtype | None = None, device=None) -> NativeMTP:
-    """Build the checkpoint's MTP and load its tensors strictly, sharing the target's embedding/head."""
-    root = Path(path)
+def _checkpoint_mtp(root: Path):
+    """-> (config, text config, index, layout, {checkpoint key: NativeMTP parameter name})."""
     if not root.is_dir():
         raise FileNotFoundError(f"checkpoint directory not found: {root}")
     if not (root / "config.json").exists():
         raise FileNotFoundError(f"no config.json in {root}: not a Hugging Face checkpoint directory")
     config = json.loads((root / "config.json").read_text())
     cfg = text_config(config)
-    model_type = cfg.get("model_type") or config.get("model_type", "?")
     index = CheckpointIndex(root)
     layout, names = mtp_tensor_names(index.keys(), cfg)
+    return config, cfg, index, layout, names
+
+
+def _dense_names(names: dict[str, str]) -> dict[str, str]:
+    """The checkpoint keys a tuned file carries: every MTP tensor but FP8 scales (saved dequantised)."""
+    return {k: n for k, n in names.items() if not k.endswith(".weight_scale_inv")}
+
+
+def save_tuned_mtp(directory: str | Path, mtp: NativeMTP, target_path: str | Path) -> Path:
+    """Write `mtp`'s tensors to `<directory>/mtp.safetensors` under `target_path`'s own checkpoint names
+    (`mtp.*`, or `model.layers.{L}.*` for DeepSeek-V3 / GLM); the target checkpoint is untouched."""
+    *_, layout, names = _checkpoint_mtp(Path(target_path))
+    if layout == "none":
+        raise MTPLoadError(f"checkpoint {target_path} has no MTP layer to name the tuned tensors after")
+    state = mtp.state_dict()
+    tensors = {key: state[name].detach().cpu().contiguous() for key, name in _dense_names(names).items()}
+    out = Path(directory) / TUNED_MTP_NAME
+    require_finite(tensors, f"refusing to save the tuned MTP to {out}")
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out), metadata={"format": "pt"})
+    return out
+
+
+def _read_tuned(tuned: Path, names: dict[str, str], root: Path) -> dict[str, torch.Tensor]:
+    """A tuned MTP file's tensors: exactly the checkpoint's MTP keys (strict both ways), all finite."""
+    if not tuned.is_file():
+        raise FileNotFoundError(f"tuned MTP file not found: {tuned}")
+    wanted = set(_dense_names(names))
+    try:
+        with safe_open(str(tuned), "pt") as f:
+            keys = set(f.keys())
+            missing, extra = sorted(wanted - keys), sorted(keys - wanted)
+            if missing:
+                raise MTPLoadError(f"tuned MTP {tuned} is missing tensor {missing[0]} of {root}'s MTP "
+                                   f"({len(missing)} missing in all)")
+            if extra:
+                raise MTPLoadError(f"tuned MTP {tuned} has tensor {extra[0]}, which is not one of {root}'s MTP tensors")
+            tensors = {k: f.get_tensor(k) for k in sorted(keys)}
+    except SafetensorError as e:
+        raise unreadable(tuned, e) from None
+    require_finite(tensors, f"tuned MTP {tuned}")
+    return tensors
+
+
+def load_native_mtp(path: str | Path, embed_tokens: nn.Embedding, lm_head: nn.Module,
+                    dtype: torch.dtype | None = None, device=None, tuned: str | Path | None = None) -> NativeMTP:
+    """Build the checkpoint's MTP and load its tensors strictly, sharing the target's embedding/head.
+    `tuned`: a `mtp.safetensors` written by `save_tuned_mtp` for this checkpoint: its tensors replace
+    the checkpoint's (same names, same shapes, every one of them)."""
+    root = Path(path)
+    config, cfg, index, layout, names = _checkpoint_mtp(root)
+    model_type = cfg.get("model_type") or config.get("model_type", "?")
     if layout == "none":
         declared = num_mtp_layers(cfg)
         raise MTPLoadError(f"checkpoint {root} has no MTP layer: no 'mtp.*' or 'model.layers.{cfg.get('num_hidden_layers')}.*'"
@@ -196,12 +253,20 @@ def load_native_mtp(path: str | Path, embed_tokens: nn.Embedding, lm_head: nn.Mo
         if weight_key not in names:
             raise MTPLoadError(f"FP8 scale {scale_key!r} in {root} has no weight {weight_key!r}")
     block_size = (config.get("quantization_config") or {}).get("weight_block_size") or [128, 128]
+    tuned_tensors = _read_tuned(Path(tuned), names, root) if tuned is not None else None
     loaded = {}
     for key, name in names.items():
         if key.endswith(".weight_scale_inv"):
             continue
         if name not in expected:
             raise MTPLoadError(f"unexpected MTP tensor {key!r} in {root} (no parameter {name!r} in the {model_type} MTP)")
+        if tuned_tensors is not None:
+            tensor = tuned_tensors[key]
+            if list(tensor.shape) != list(expected[name].shape):
+                raise MTPLoadError(f"shape mismatch for MTP tensor {key!r} in {tuned}: {list(tensor.shape)}, "
+                                   f"expected {list(expected[name].shape)}")
+            loaded[name] = tensor
+            continue
         tensor = index.get(key)
         if key in scales:
             tensor = _dequantize_fp8(tensor, index.get(scales[key]), tuple(block_size))

@@ -1,12 +1,17 @@
 """Qwen3-family building blocks shared by the MTP layer, the DFlash drafter and the fast target runner.
 
 Parameter names follow Hugging Face's Qwen3 implementation, so checkpoint tensors load by name.
-Every attention call goes through `attend`, which takes an explicit boolean mask (True = may attend):
-the decoding loop, the training masks and the MTP cache all express visibility the same way.
+Every attention call goes through `attend`, which takes an explicit mask: boolean (True = may attend),
+or its additive float form (`additive_mask`, built once per forward and shared by the layers); the
+decoding loop, the training masks and the MTP cache all express visibility the same way. A mask
+narrower than the cache hides the slots past its width: the eager decoding loop attends over each
+round's live span of the static caches instead of their maximum length.
+
+The decoding models are tiny on CPU, so per-op overhead dominates there: norms are one fused kernel
+in fp32, rotary tables are built once per forward in the layout `apply_rope` uses as is, and grouped
+K/V heads are never copied on CPU. Each of these gives bitwise the same values as the plain chain.
 """
 from __future__ import annotations
-
-
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +29,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
+        if dtype == torch.float32 and self.weight.dtype == torch.float32 and not self.zero_centered:
+            # One fused kernel instead of seven small ones; bitwise equal to the chain below in fp32.
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         w = self.weight.float()
@@ -37,37 +45,58 @@ def rope_inv_freq(rotary_dim: int, theta: float) -> torch.Tensor:
     return 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
 
 
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype):
-    """cos/sin of shape [*positions.shape, rotary_dim] for NeoX-style (rotate_half) RoPE."""
-    freqs = positions.to(torch.float32)[..., None] * inv_freq.to(positions.device)
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, scale: float = 1.0):
+    """Rotary tables for positions [B, T] (NeoX-style rotate-half), in `apply_rope`'s layout (`rope_tables`).
+    `scale` multiplies both (transformers' `attention_scaling` of scaled rope types)."""
+    freqs = positions.to(torch.float32)[..., None] * inv_freq.to(device=positions.device, dtype=torch.float32)
     emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    cos, sin = emb.cos(), emb.sin()
+    if scale != 1.0:
+        cos, sin = cos * scale, sin * scale
+    return rope_tables(cos.to(dtype), sin.to(dtype))
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+def rope_tables(cos: torch.Tensor, sin: torch.Tensor):
+    """Plain rotate-half tables [B, T, r] (transformers' layout) -> what `apply_rope` takes, built once per
+    forward: cos and a signed sin [B, 1, T, r] (broadcast over heads). rotate_half(x) * sin equals
+    roll(x, r/2) * [-sin_1, sin_2] bitwise: the sign moves from x into the table."""
+    half = sin.shape[-1] // 2
+    return cos[:, None], torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)[:, None]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, heads, T, d]; cos/sin: [B, T, r] with r <= d (partial rotary rotates the first r dims)."""
-    cos, sin = cos[:, None], sin[:, None]
+    """x: [B, heads, T, d]; cos/sin from `rope_cos_sin` / `rope_tables`: [B, 1, T, r] with r <= d (partial
+    rotary rotates the first r dims). Equals x * cos + rotate_half(x) * sin with the plain tables, bitwise."""
     r = cos.shape[-1]
     if r == x.shape[-1]:
-        return x * cos + _rotate_half(x) * sin
+        return x * cos + torch.roll(x, r // 2, dims=-1) * sin
     rot, keep = x[..., :r], x[..., r:]
-    return torch.cat([rot * cos + _rotate_half(rot) * sin, keep], dim=-1)
+    return torch.cat([rot * cos + torch.roll(rot, r // 2, dims=-1) * sin, keep], dim=-1)
+
+
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The additive form of a boolean mask (True = attend) for `attend`: 0 where visible, the dtype's
+    most negative finite value elsewhere. Build it once per forward: SDPA would convert a boolean mask
+    in every layer. Finite, so a fully masked row (padding scratch, whose output is unused) averages
+    its keys instead of giving NaN; any row with a visible key gets exactly its masked softmax."""
+    return torch.full(mask.shape, torch.finfo(dtype).min, dtype=dtype, device=mask.device).masked_fill_(mask, 0.0)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Scaled dot-product attention with GQA. q [B,h,Tq,d], k/v [B,hkv,Tk,d], mask bool [B,1|h,Tq,Tk]."""
-    if k.shape[1] != q.shape[1]:
-        rep = q.shape[1] // k.shape[1]
-        k = k.repeat_interleave(rep, dim=1)
-        v = v.repeat_interleave(rep, dim=1)
-    if mask is not None:
+    """Scaled dot-product attention with GQA. q [B,h,Tq,d], k/v [B,hkv,Tk,d]; mask [B,1|h,Tq,W] boolean
+    (True = attend) or additive float (`additive_mask`), W <= Tk: keys at W and after are not attended
+    (a static cache's slots past the live span)."""
+    if mask is not None and mask.shape[-1] < k.shape[2]:
+        k, v = k[:, :, :mask.shape[-1]], v[:, :, :mask.shape[-1]]
+    if mask is not None and mask.dtype == torch.bool:
         # A fully masked row would give NaN; let it attend to nothing harmful (its output is unused).
         mask = mask | ~mask.any(-1, keepdim=True)
+    if k.shape[1] != q.shape[1]:
+        if q.device.type == "cpu":   # the CPU kernels read grouped K/V heads in place: no copy of the cache
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        rep = q.shape[1] // k.shape[1]   # CUDA: the masked (memory-efficient) kernel wants equal heads
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
@@ -123,16 +152,18 @@ class KVCache:
         shape = (batch, num_kv_heads, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.rows = torch.arange(batch, device=device)[:, None]
 
     @property
     def max_len(self) -> int:
         return self.k.shape[2]
 
     def write(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """positions [B, T] (absolute, < max_len); k/v [B, hkv, T, d]."""
-        idx = positions[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
-        self.k.scatter_(2, idx, k.to(self.k.dtype))
-        self.v.scatter_(2, idx, v.to(self.v.dtype))
+        """positions [B, T] (absolute, < max_len); k/v [B, hkv, T, d]. An indexed assignment (index_put_),
+        not a scatter_: compiled, it stays in place, where a scatter into the cache would be rewritten
+        as a copy of the whole cache per call."""
+        self.k[self.rows, :, positions] = k.transpose(1, 2).to(self.k.dtype)
+        self.v[self.rows, :, positions] = v.transpose(1, 2).to(self.v.dtype)
 
 
 class Qwen3DecoderLayer(nn.Module):
@@ -164,9 +195,10 @@ def causal_mask(t: int, device) -> torch.Tensor:
     return torch.ones(t, t, dtype=torch.bool, device=device).tril()[None, None]
 
 
-def cache_mask(positions: torch.Tensor, max_len: int, first_valid: int = 0) -> torch.Tensor:
-    """[B,1,T,Lmax]: the row at absolute position p sees cache slots first_valid..p."""
-    slots = torch.arange(max_len, device=positions.device)
+def cache_mask(positions: torch.Tensor, width: int, first_valid: int = 0) -> torch.Tensor:
+    """[B,1,T,width]: the row at absolute position p sees cache slots first_valid..p (width: the cache's
+    length, or the live span of it that covers every position)."""
+    slots = torch.arange(width, device=positions.device)
     return ((slots[None, None, :] <= positions[:, :, None]) & (slots >= first_valid))[:, None]
 
 
@@ -179,6 +211,6 @@ def init_linear_(module: nn.Module, std: float = 0.02) -> None:
 
 
 __all__ = [
-    "RMSNorm", "rope_inv_freq", "rope_cos_sin", "apply_rope", "attend", "Qwen3Attention", "Qwen3MLP",
+    "RMSNorm", "rope_inv_freq", "rope_cos_sin", "rope_tables", "apply_rope", "additive_mask", "attend", "Qwen3Attention", "Qwen3MLP",
     "KVCache", "Qwen3DecoderLayer", "causal_mask", "cache_mask", "init_linear_",
 ]

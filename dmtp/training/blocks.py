@@ -1,7 +1,12 @@
 """Teacher-forced drafting of many blocks at once: one code path for the training loss and the
 exact validation walk. Given a sequence, its target features and anchors, assemble every block's
-slots through the injection module (the same `build_slots` the decoding loop calls) and run the
-drafter once over all blocks; blocks never see each other (see `dflash_attention_mask`)."""
+slots through the injection module (the same `build_block` the decoding loop calls) and run the
+drafter once over all blocks; blocks never see each other (see `dflash_attention_mask`).
+
+A block's MTP inputs (`MTPBlockInputs`): T1..TS and the hiddens that predicted them. h_1 = g_a comes
+from the teacher-forced MTP pass; for S > 1 (the multi-step variant) h_2..h_S come from the MTP's
+own chain from each anchor (`dmtp.models.mtp_chain.TeacherChain`, exactly decoding's rows), fed the
+data tokens in training (teacher forcing) or the MTP's own greedy tokens in the validation walk."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,6 +15,7 @@ import torch
 
 from dmtp.injection.base import Injection
 from dmtp.models.drafter import DFlashDrafter
+from dmtp.models.mtp_chain import TeacherChain
 
 
 @dataclass
@@ -18,16 +24,61 @@ class TeacherFeatures:
     target_logits: torch.Tensor   # [B, T, V]
     context: torch.Tensor         # [B, T, context_dim]: injection.context_features(...)
     mtp_hidden: torch.Tensor | None  # [B, T, H]: g[:, t] predicts x_{t+1}; None when no MTP
+    target_hidden: torch.Tensor | None = None  # [B, T, H]: the target's post-norm hidden (the MTP's input)
 
 
-@torch.no_grad()
+@dataclass
+class MTPBlockInputs:
+    """What the MTP gives each block: tokens [B, N, S] (T1..TS), hidden [B, N, S, H] (h_j predicted
+    T_j) and num [B, N] (m: how many of them the block uses, 1..S)."""
+    tokens: torch.Tensor
+    hidden: torch.Tensor
+    num: torch.Tensor
+
+
 def teacher_features(target, mtp, injection: Injection, layer_ids, input_ids: torch.Tensor,
-                     attention_mask: torch.Tensor | None = None) -> TeacherFeatures:
-    out = target(input_ids, layer_ids=layer_ids, attention_mask=attention_mask)
+                     attention_mask: torch.Tensor | None = None, mtp_grad: bool = False) -> TeacherFeatures:
+    """The frozen target's features and the MTP's teacher-forced hiddens; with `mtp_grad` (a jointly
+    trained MTP) the MTP's pass keeps its autograd graph."""
+    with torch.no_grad():
+        out = target(input_ids, layer_ids=layer_ids, attention_mask=attention_mask)
     g = None
-    if injection.uses_mtp or injection.needs_mtp_context:
-        g = mtp.forward_teacher(input_ids, out.last_hidden)
-    return TeacherFeatures(input_ids, out.logits, injection.context_features(out.layer_hidden, g), g)
+    with torch.set_grad_enabled(mtp_grad and torch.is_grad_enabled()):
+        if injection.uses_mtp or injection.needs_mtp_context:
+            g = mtp.forward_teacher(input_ids, out.last_hidden)
+        context = injection.context_features(out.layer_hidden, g)
+    return TeacherFeatures(input_ids, out.logits, context, g, out.last_hidden)
+
+
+def _at_anchors(x: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+    """x [B, T, H], anchors [B, N] -> [B, N, H]."""
+    return x.gather(1, anchors[..., None].expand(-1, -1, x.shape[-1]))
+
+
+def mtp_block_inputs(mtp, injection: Injection, feats: TeacherFeatures, anchors: torch.Tensor, steps: int,
+                     tokens: torch.Tensor | None = None, mtp_grad: bool = False):
+    """T1..T_steps [B, N, steps] and their hiddens [B, N, steps, H] for every anchor [B, N], plus the
+    chain's logits [B, N, steps, V] when the MTP picks the tokens.
+
+    tokens [B, N, steps]: the data tokens to feed the chain (teacher forcing, training; logits None);
+    None: the MTP's own greedy picks, as greedy decoding proposes them (the validation walk)."""
+    grad = mtp_grad and torch.is_grad_enabled()
+    hiddens = [_at_anchors(feats.mtp_hidden, anchors)]
+    chain = None
+    if steps > 1:
+        with torch.set_grad_enabled(grad):
+            chain = TeacherChain(mtp, feats.input_ids, feats.target_hidden, anchors, steps - 1)
+    toks, logits = [], []
+    for j in range(steps):
+        if j:
+            with torch.set_grad_enabled(grad):
+                hiddens.append(chain.step(j, toks[-1], hiddens[-1]))
+        if tokens is None:
+            logits.append(mtp.logits(hiddens[-1]))
+            toks.append(logits[-1].argmax(-1))
+        else:
+            toks.append(tokens[..., j])
+    return torch.stack(toks, -1), torch.stack(hiddens, -2), torch.stack(logits, -2) if logits else None
 
 
 def sample_anchors(valid: torch.Tensor, num_anchors: int, generator: torch.Generator | None = None):
@@ -60,19 +111,25 @@ def valid_anchors(injection: Injection, loss_mask: torch.Tensor) -> torch.Tensor
 
 def draft_blocks(drafter: DFlashDrafter, injection: Injection, embed_weight: torch.Tensor,
                  feats: TeacherFeatures, anchors: torch.Tensor, keep: torch.Tensor,
-                 t1: torch.Tensor | None) -> torch.Tensor:
-    """Run the drafter over every (sequence, anchor) block. anchors/keep [B, N]; t1 [B, N] or None.
+                 mtp_inputs: "torch.Tensor | MTPBlockInputs | None", mtp_grad: bool = False) -> torch.Tensor:
+    """Run the drafter over every (sequence, anchor) block. anchors/keep [B, N]; mtp_inputs: the
+    blocks' `MTPBlockInputs`, or just T1 [B, N] (one MTP token, h_1 = g_a), or None (no MTP token).
 
     Returns the drafter's final hidden states at the predicted slots: [B, N, n_pred, H]."""
     b, n = anchors.shape
     ids = feats.input_ids
     anchor_tok = ids.gather(1, anchors)
-    h_mtp = None
-    if feats.mtp_hidden is not None:
-        h_mtp = feats.mtp_hidden.gather(1, anchors[..., None].expand(-1, -1, feats.mtp_hidden.shape[-1]))
-        h_mtp = h_mtp.flatten(0, 1)
+    if isinstance(mtp_inputs, torch.Tensor):
+        ones = torch.ones_like(mtp_inputs)
+        mtp_inputs = MTPBlockInputs(mtp_inputs[..., None], _at_anchors(feats.mtp_hidden, anchors)[..., None, :], ones)
+    tokens = hidden = num = None
+    if mtp_inputs is not None:
+        tokens, num = mtp_inputs.tokens.flatten(0, 1), mtp_inputs.num.flatten()
+        hidden = mtp_inputs.hidden.flatten(0, 1)
+    elif feats.mtp_hidden is not None:   # variants that read h_mtp without a T1 of their own
+        hidden = _at_anchors(feats.mtp_hidden, anchors).flatten(0, 1)[:, None]
     embed = lambda x: drafter.embed_noise(x, embed_weight)  # noqa: E731
-    slots = injection.build_slots(embed, anchor_tok.flatten(), None if t1 is None else t1.flatten(), h_mtp)
+    slots = injection.build_block(embed, anchor_tok.flatten(), tokens, hidden, num, mtp_grad=mtp_grad)
     s = slots.shape[1]
     positions = injection.slot_positions(anchors.flatten()).view(b, n * s)
     t = ids.shape[1]

@@ -1,8 +1,14 @@
 """The one LightningModule behind every variant: frozen target + MTP, trained drafter + injection.
 
 It knows the injection interface, never a variant's name. Per batch: teacher-forced target and MTP
-features, random anchors, every block's slots from the injection module, one drafter forward,
-position-decayed cross-entropy over the positions the drafter predicts (T1 is an input, not a label).
+features, random anchors, every block's MTP tokens (m of them, `sample_num_mtp`; T1..Tm are inputs,
+not labels) and slots from the injection module, one drafter forward, position-decayed cross-entropy
+over the positions the drafter predicts.
+
+`train_mtp=True` (joint training): the MTP's own layers (not the shared embedding / LM head) join the
+optimizer, the block loss reaches them through the MTP hiddens (no stop-gradient then), and the
+MTP's own next-token loss on the same labels (`label_source`), weighted by `mtp_loss_weight`, keeps
+its first-token skill. The default (False) is the frozen MTP, unchanged.
 """
 from __future__ import annotations
 
@@ -14,10 +20,11 @@ import torch.nn.functional as F
 
 from dmtp.injection.base import Injection
 from dmtp.models.drafter import DFlashDrafter
-from dmtp.training.blocks import draft_blocks, predicted_positions, sample_anchors, teacher_features, valid_anchors
+from dmtp.training.blocks import (MTPBlockInputs, draft_blocks, mtp_block_inputs, predicted_positions, sample_anchors,
+                                  teacher_features, valid_anchors)
 from dmtp.training.validation import exact_acceptance
 
-FROZEN_PREFIXES = ("target.", "mtp.")
+FROZEN_PREFIXES = ("target.", "mtp.")   # what checkpoints leave out (the MTP is kept when it trains)
 # data: CE on the data tokens | target: CE on the target's own greedy token at each position |
 # target_kl: KL from the target's whole next-token distribution (soft distillation labels)
 LABEL_SOURCES = ("data", "target", "target_kl")
@@ -35,7 +42,8 @@ def decay_weights(n: int, gamma: float, device=None) -> torch.Tensor:
 class DMTPModule(L.LightningModule):
     def __init__(self, target, mtp, drafter: DFlashDrafter, injection: Injection, optimizer, scheduler=None,
                  num_anchors: int = 32, loss_gamma: float = 4.0, label_source: str = "data",
-                 t1_source: str = "data", val_walk: bool = True):
+                 t1_source: str = "data", val_walk: bool = True, train_mtp: bool = False,
+                 mtp_loss_weight: float = 1.0):
         super().__init__()
         if label_source not in LABEL_SOURCES:
             raise ValueError(f"label_source must be one of {', '.join(LABEL_SOURCES)}, got {label_source!r}")
@@ -43,6 +51,14 @@ class DMTPModule(L.LightningModule):
             raise ValueError(f"t1_source must be one of {', '.join(T1_SOURCES)}, got {t1_source!r}")
         if injection.uses_mtp and mtp is None:
             raise ValueError("this injection variant needs the target's MTP layer, but none was loaded")
+        if train_mtp not in (True, False):
+            raise ValueError(f"train_mtp must be true or false, got {train_mtp!r}")
+        if train_mtp and mtp is None:
+            raise ValueError("model.train_mtp=true trains the target's MTP with the drafter, but this injection "
+                             "variant does not use the MTP")
+        if isinstance(mtp_loss_weight, bool) or not isinstance(mtp_loss_weight, (int, float)) \
+                or not mtp_loss_weight >= 0:
+            raise ValueError(f"mtp_loss_weight must be a number >= 0, got {mtp_loss_weight!r}")
         if drafter.config.hidden_size != target.hidden_size:
             raise ValueError(f"drafter hidden size {drafter.config.hidden_size} != target hidden size {target.hidden_size}")
         if drafter.config.context_dim != injection.context_dim:
@@ -54,15 +70,23 @@ class DMTPModule(L.LightningModule):
         self.num_anchors, self.loss_gamma, self.label_source = num_anchors, loss_gamma, label_source
         self.t1_source = t1_source
         self.val_walk = val_walk
+        self.train_mtp, self.mtp_loss_weight = train_mtp, float(mtp_loss_weight)
+        if train_mtp:   # its own layers only: the embedding and LM head are the target's, never trained
+            mtp.requires_grad_(True)
         self.layer_ids = list(drafter.config.target_layer_ids)
         self.strict_loading = False  # checkpoints omit the frozen target and MTP
         self._val_results: dict[str, list[dict]] = {}
 
     # -- frozen parts stay frozen ---------------------------------------------------------------
+    @property
+    def checkpoint_excludes(self) -> tuple[str, ...]:
+        """State-dict prefixes a checkpoint leaves out: the frozen parts (a trained MTP is kept)."""
+        return ("target.",) if self.train_mtp else FROZEN_PREFIXES
+
     def on_fit_start(self) -> None:
         for frozen in (self.target, self.mtp):
             if frozen is not None:
-                frozen.eval().requires_grad_(False)
+                frozen.eval().requires_grad_(frozen is self.mtp and self.train_mtp)
 
     def train(self, mode: bool = True):
         super().train(mode)
@@ -73,7 +97,7 @@ class DMTPModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items()
-                                    if not k.startswith(FROZEN_PREFIXES)}
+                                    if not k.startswith(self.checkpoint_excludes)}
 
     # -- the loss ---------------------------------------------------------------------------------
     def block_loss(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, generator=None, step: int | None = None):
@@ -81,17 +105,25 @@ class DMTPModule(L.LightningModule):
         plus the drafter's own `auxiliary_loss` (0 for DFlash v1; DFlash2's selector term, scheduled by
         `step`), which is also kept in `self.last_auxiliary_loss`."""
         inj = self.injection
-        feats = teacher_features(self.target, self.mtp, inj, self.layer_ids, input_ids)
+        feats = teacher_features(self.target, self.mtp, inj, self.layer_ids, input_ids, mtp_grad=self.train_mtp)
         anchors, keep = sample_anchors(valid_anchors(inj, loss_mask), self.num_anchors, generator)
         t = input_ids.shape[1]
-        t1 = None
+        mtp_inputs = num = None
         if inj.uses_mtp:
-            t1 = input_ids.gather(1, (anchors + 1).clamp(max=t - 1))
-            if self.t1_source == "mtp":
-                h = feats.mtp_hidden.gather(1, anchors[..., None].expand(-1, -1, feats.mtp_hidden.shape[-1]))
-                mtp_t1 = self.mtp.logits(h).argmax(-1)
-                keep = keep & (mtp_t1 == t1)
-        hidden = draft_blocks(self.drafter, inj, self.target.embed_tokens.weight, feats, anchors, keep, t1)
+            # T1..TM: the data tokens after each anchor (teacher forcing); m of them per block.
+            steps = inj.max_mtp_tokens
+            offsets = torch.arange(1, steps + 1, device=input_ids.device)
+            after = (anchors[..., None] + offsets).clamp(max=t - 1)
+            data = input_ids.gather(1, after.flatten(1)).view_as(after)
+            num = inj.sample_num_mtp(anchors.shape, generator, input_ids.device)
+            tokens, mtp_hidden, _ = mtp_block_inputs(self.mtp, inj, feats, anchors, steps, tokens=data,
+                                                     mtp_grad=self.train_mtp)
+            if self.t1_source == "mtp":   # keep a block only if the MTP itself proposes its m tokens
+                own = self.mtp.logits(mtp_hidden).argmax(-1)
+                keep = keep & ((own == data) | (offsets > num[..., None])).all(-1)
+            mtp_inputs = MTPBlockInputs(tokens, mtp_hidden, num)
+        hidden = draft_blocks(self.drafter, inj, self.target.embed_tokens.weight, feats, anchors, keep, mtp_inputs,
+                              mtp_grad=self.train_mtp)
         logits = self.drafter.logits(hidden, self.target.lm_head.weight).float()   # [B, N, n_pred, V]
 
         pos = predicted_positions(inj, anchors)
@@ -105,6 +137,8 @@ class DMTPModule(L.LightningModule):
             labels = feats.target_logits.argmax(-1).gather(1, target_rows).view_as(pos)
         supervised = loss_mask.gather(1, pos_c.flatten(1)).view_as(pos).bool()
         mask = keep[..., None] & in_range & supervised
+        if num is not None:   # slots of candidates 1..m hold MTP tokens (inputs): no prediction there
+            mask = mask & inj.drafter_slot_mask(num)
         weights = decay_weights(pos.shape[-1], self.loss_gamma, pos.device) * mask
         if self.label_source == "target_kl":
             v = feats.target_logits.shape[-1]
@@ -122,9 +156,27 @@ class DMTPModule(L.LightningModule):
                                           step=step, logits=logits)
         self.last_auxiliary_loss = aux.detach()
         loss = loss + aux
+        if self.train_mtp:
+            mtp_loss = self.mtp_next_token_loss(feats, loss_mask)
+            self.last_mtp_loss = mtp_loss.detach()
+            loss = loss + self.mtp_loss_weight * mtp_loss
         correct = (logits.argmax(-1) == labels) & mask
         acc = correct.flatten(0, 1).sum(0) / mask.flatten(0, 1).sum(0).clamp(min=1)
         return loss, acc, mask.sum()
+
+    def mtp_next_token_loss(self, feats, loss_mask: torch.Tensor) -> torch.Tensor:
+        """The MTP's own loss: g_t (row t, t = 1..T-2) predicts x_{t+1}, against the same labels as the
+        drafter (`label_source`: the data token, the target's greedy token, or its distribution)."""
+        logits = self.mtp.logits(feats.mtp_hidden[:, 1:-1]).float()        # [B, T-2, V]
+        mask = loss_mask[:, 2:].float()
+        teacher = feats.target_logits[:, 1:-1]                              # the target's prediction of x_{t+1}
+        if self.label_source == "target_kl":
+            log_p = torch.log_softmax(teacher.float(), -1)
+            per_token = (log_p.exp() * (log_p - torch.log_softmax(logits, -1))).sum(-1)
+        else:
+            labels = feats.input_ids[:, 2:] if self.label_source == "data" else teacher.argmax(-1)
+            per_token = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view_as(mask)
+        return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
 
     def training_step(self, batch, batch_idx):
         loss, acc, n = self.block_loss(batch["input_ids"], batch["loss_mask"], step=self.global_step)
@@ -132,6 +184,8 @@ class DMTPModule(L.LightningModule):
         self.log("train/loss", loss, prog_bar=True, batch_size=bs)
         if self.drafter.auxiliary_loss_name:
             self.log(f"train/{self.drafter.auxiliary_loss_name}", self.last_auxiliary_loss, batch_size=bs)
+        if self.train_mtp:
+            self.log("train/mtp_loss", self.last_mtp_loss, batch_size=bs)
         first = self.injection.first_predicted_slot + self.injection.first_slot_offset
         for k, a in enumerate(acc.tolist()):
             self.log(f"train/acc_pos{first + k}", a, batch_size=bs)
@@ -146,6 +200,8 @@ class DMTPModule(L.LightningModule):
         bs = batch["input_ids"].shape[0]
         self.log(f"val/{domain}/loss", loss, batch_size=bs, add_dataloader_idx=False)
         self.log(f"val/{domain}/acc_first", acc[0], batch_size=bs, add_dataloader_idx=False)
+        if self.train_mtp:
+            self.log(f"val/{domain}/mtp_loss", self.last_mtp_loss, batch_size=bs, add_dataloader_idx=False)
         if self.val_walk:
             result = exact_acceptance(self.target, self.mtp, self.drafter, self.injection, self.layer_ids,
                                       batch["input_ids"], batch["prompt_len"], batch["length"])
@@ -173,7 +229,8 @@ class DMTPModule(L.LightningModule):
 
     # -- optimisation -------------------------------------------------------------------------------
     def configure_optimizers(self):
-        params = [p for p in list(self.drafter.parameters()) + list(self.injection.parameters()) if p.requires_grad]
+        trained = [self.drafter, self.injection] + ([self.mtp] if self.train_mtp else [])
+        params = [p for m in trained for p in m.parameters() if p.requires_grad]
         optimizer = self.optimizer_factory(params=params)
         if self.scheduler_factory is None:
             return optimizer

@@ -104,9 +104,8 @@ def checkpoint_shapes(ckpt: str | Path) -> dict[str, tuple[int, ...]]:
 
 def check_checkpoint_fits(ckpt: str | Path, shapes: dict[str, tuple[int, ...]], module: torch.nn.Module) -> None:
     """The checkpoint holds exactly the module's trainable tensors, with the same shapes."""
-    from dmtp.training.module import FROZEN_PREFIXES   # what checkpoints leave out
-
-    mine = {k: tuple(v.shape) for k, v in module.state_dict().items() if not k.startswith(FROZEN_PREFIXES)}
+    excluded = module.checkpoint_excludes   # what checkpoints leave out (the frozen parts)
+    mine = {k: tuple(v.shape) for k, v in module.state_dict().items() if not k.startswith(excluded)}
     foreign = " (saved for another target, drafter or injection variant?)"
     for key, shape in mine.items():
         if key not in shapes:

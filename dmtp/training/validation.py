@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from dmtp.injection.base import BLOCK_CANDIDATES
-from dmtp.training.blocks import draft_blocks, teacher_features
+from dmtp.training.blocks import MTPBlockInputs, draft_blocks, mtp_block_inputs, teacher_features
 
 ANCHOR_CHUNK = 48
 
@@ -28,15 +28,16 @@ def candidate_matches(target, mtp, drafter, injection, layer_ids, input_ids: tor
     for start in range(0, t, ANCHOR_CHUNK):
         anchors = torch.arange(start, min(t, start + ANCHOR_CHUNK), device=input_ids.device).expand(b, -1)
         keep = torch.ones_like(anchors, dtype=torch.bool)
-        t1 = None
+        mtp_inputs = tokens = num = None
         if injection.uses_mtp:
-            g = feats.mtp_hidden.gather(1, anchors[..., None].expand(-1, -1, feats.mtp_hidden.shape[-1]))
-            t1 = mtp.logits(g).argmax(-1)                       # the MTP's own first candidate
-        hidden = draft_blocks(drafter, injection, embed_w, feats, anchors, keep, t1)
-        first_prev = t1 if t1 is not None else input_ids.gather(1, anchors)
+            # The MTP's own greedy chain from each anchor and the m decoding would choose from it.
+            tokens, hidden, logits = mtp_block_inputs(mtp, injection, feats, anchors, injection.mtp_steps)
+            num = injection.choose_num_mtp(logits)
+            mtp_inputs = MTPBlockInputs(tokens, hidden, num)
+        hidden = draft_blocks(drafter, injection, embed_w, feats, anchors, keep, mtp_inputs)
+        first_prev = tokens[..., 0] if tokens is not None else input_ids.gather(1, anchors)
         drafted, _ = drafter.propose(hidden, target.lm_head.weight, first_prev)   # [B, n, n_pred], greedy
-        cands = drafted if t1 is None else torch.cat([t1[..., None], drafted], dim=-1)
-        cands = cands[..., :BLOCK_CANDIDATES]
+        cands = injection.merge_candidates(tokens, drafted, num)[..., :BLOCK_CANDIDATES]
         pos = anchors[..., None] + torch.arange(1, cands.shape[-1] + 1, device=input_ids.device)
         truth = input_ids.gather(1, pos.clamp(max=t - 1).flatten(1)).view_as(pos)
         eq = (cands == truth) & (pos < t)

@@ -1,0 +1,104 @@
+"""Checkpoint interop with the reference implementation (`dflash` on PyPI, z-lab): a DFlash and a DFlash2
+drafter written by the package's classes load in dmtp and compute what the package computes (hidden
+states, logits, DFlash2's selector path), and drafters written by dmtp load in the package's classes
+with the same outputs. Skipped when the package is absent (CI installs it with `--no-deps`)."""
+import pytest
+import torch
+
+ref = pytest.importorskip("dflash.model")
+
+from dmtp.models.drafter import DFlashConfig, build_drafter_from_config, load_drafter, save_drafter  # noqa: E402
+
+H, V, CTX, BLOCK, MASK = 32, 97, 9, 8, 3
+TAPS = [0, 2]
+DFLASH2 = {"conv_kernel_size": 2, "conv_group_size": 8, "selector_rank": 16, "selector_top_k": 4}
+
+
+def _ref_model(dflash2: bool):
+    """A random reference drafter (GQA 4/2 heads, 2 layers) with non-trivial norms and convolutions."""
+    from transformers import Qwen3Config
+
+    cfg = Qwen3Config(hidden_size=H, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=8, vocab_size=V, rms_norm_eps=1e-6, rope_theta=10000.0,
+                      max_position_embeddings=256, tie_word_embeddings=False)
+    cfg.num_target_layers = 4
+    cfg.dflash_config = {"mask_token_id": MASK, "target_layer_ids": TAPS, "block_size": BLOCK,
+                         **(DFLASH2 if dflash2 else {})}
+    cfg.architectures = ["DFlash2DraftModel" if dflash2 else "DFlashDraftModel"]
+    torch.manual_seed(0)
+    model = (ref.DFlash2DraftModel if dflash2 else ref.DFlashDraftModel)(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            else:   # includes the convolutions' base kernels and projections, and the codebooks
+                p.copy_(0.3 * torch.randn_like(p))
+    return model.eval()
+
+
+def _our_model(dflash2: bool):
+    cfg = DFlashConfig(hidden_size=H, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=8, vocab_size=V, num_target_layers=4, target_layer_ids=TAPS,
+                       mask_token_id=MASK, block_size=BLOCK, rope_theta=10000.0, max_position_embeddings=256,
+                       **(DFLASH2 if dflash2 else {}))
+    torch.manual_seed(1)
+    drafter = build_drafter_from_config(cfg)
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            p.copy_(1 + 0.2 * torch.randn_like(p) if "norm" in name else 0.3 * torch.randn_like(p))
+    return drafter.eval()
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(2)
+    ctx = torch.randn(1, CTX, len(TAPS) * H, generator=g)
+    embed = torch.randn(V, H, generator=g)
+    head = torch.nn.Linear(H, V, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(V, H, generator=g))
+    ids = torch.tensor([[17] + [MASK] * (BLOCK - 1)])   # [anchor, MASK x 7] at positions CTX..CTX+7
+    return ctx, embed, head, ids
+
+
+@torch.no_grad()
+def _compare(theirs, ours, dflash2: bool) -> None:
+    ctx, embed, head, ids = _inputs()
+    noise = torch.nn.functional.embedding(ids, embed)
+    # The package: context + block in one call (its loop's first round), positions [context | block].
+    hidden_ref = theirs(target_hidden=ctx, noise_embedding=noise, position_ids=torch.arange(CTX + BLOCK)[None])
+    # dmtp: context K/V at positions 0..CTX-1, then the block sees all of it (anchor at CTX).
+    ctx_pos = torch.arange(CTX)[None]
+    block_pos = torch.arange(CTX, CTX + BLOCK)[None]
+    kv = ours.context_kv(ours.project_context(ctx), ctx_pos)
+    hidden = ours(noise, block_pos, kv, ctx_pos, torch.full_like(block_pos, CTX), torch.zeros_like(block_pos))
+    torch.testing.assert_close(hidden, hidden_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours.logits(hidden, head.weight), theirs.compute_logits(hidden_ref, head),
+                               atol=1e-4, rtol=1e-5)
+    if dflash2:   # the selector's greedy path over the top-K candidates, from the anchor on
+        tokens_ref = theirs.propose(hidden_ref[:, 1:], ids[:, 0], head, 0.0)[0]
+        tokens, _ = ours.propose(hidden[:, 1:], head.weight, ids[:, 0])
+        assert torch.equal(tokens, tokens_ref)
+        assert len(set(tokens[0].tolist())) > 1   # a path, not one token repeated
+
+
+@pytest.mark.parametrize("dflash2", [False, True], ids=["dflash", "dflash2"])
+def test_reference_checkpoint_loads_in_dmtp(tmp_path, dflash2):
+    theirs = _ref_model(dflash2)
+    theirs.save_pretrained(tmp_path)
+    ours, extras, _ = load_drafter(tmp_path)
+    assert not extras
+    assert ours.config.architecture == ("DFlash2DraftModel" if dflash2 else "DFlashDraftModel")
+    _compare(theirs, ours.eval(), dflash2)
+
+
+@pytest.mark.parametrize("dflash2", [False, True], ids=["dflash", "dflash2"])
+def test_dmtp_checkpoint_loads_in_reference(tmp_path, dflash2):
+    ours = _our_model(dflash2)
+    save_drafter(tmp_path, ours)
+    cls = ref.DFlash2DraftModel if dflash2 else ref.DFlashDraftModel
+    theirs = cls.from_pretrained(tmp_path).eval()
+    assert theirs.block_size == BLOCK and theirs.mask_token_id == MASK and list(theirs.target_layer_ids) == TAPS
+    for name, p in theirs.state_dict().items():   # every tensor arrived (none left at its init)
+        key = name.removesuffix(".weight") if "codebook" in name else name
+        assert torch.equal(p, ours.state_dict()[key]), name
+    _compare(theirs, ours, dflash2)

@@ -1,0 +1,209 @@
+"""Our loop side by side with the reference implementation's, on the same target and drafter weights:
+
+* the reference loop (`dflash.model.dflash_generate` of the `dflash` package: one request, transformers'
+  DynamicCache cropped on reject) vs our `SpecDecoder` (static caches, eager and, with --compile,
+  compiled), batch 1, the same drafter checkpoint loaded by both: identical tokens (greedy), tau, tok/s,
+  at temperature 0 and at --temperature (drafts sampled and verified by rejection sampling in both);
+* our target-only AR vs transformers' `generate()` at each --hf-batch-sizes: identical tokens, tok/s.
+
+Every system decodes the same held-out prompts; the systems run interleaved, --reps times, in one
+process, and the table gives medians (tok/s = output tokens / wall time, prefill included; compile
+time apart). Needs the reference package: `pip install --no-deps dflash==0.1.0`.
+
+    python tools/bench_peer.py --drafter <raw DFlash run>/drafter --compile
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_decode import hf_generate  # noqa: E402
+from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer  # noqa: E402
+from dmtp.infer import embedded_prompts, find_latest_drafter, load_drafter_for  # noqa: E402
+
+
+def reference_model(path: str, dtype, device):
+    """The drafter directory loaded by the reference package's own class for its architecture."""
+    from dflash.model import DFlash2DraftModel, DFlashDraftModel
+
+    arch = (json.loads((Path(path) / "config.json").read_text()).get("architectures") or ["DFlashDraftModel"])[0]
+    cls = DFlash2DraftModel if arch == "DFlash2DraftModel" else DFlashDraftModel
+    return cls.from_pretrained(path, dtype=dtype).to(device).eval()
+
+
+@torch.no_grad()
+def run_reference(model, target, prompts, max_new: int, eos: int | None, temperature: float, seed: int) -> dict:
+    """`dflash_generate` on every prompt in turn (it decodes one request at a time)."""
+    import dflash.model
+    from dflash.model import dflash_generate
+
+    if target.device.type != "cuda":   # its stats timer calls torch.cuda.synchronize(); plain wall time on CPU
+        dflash.model._cuda_time = time.perf_counter
+
+    torch.manual_seed(seed)
+    tokens, taus = [], []
+    sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    for p in prompts:
+        out = dflash_generate(model, target.hf, torch.tensor([p], device=target.device), max_new,
+                              [eos] if eos is not None else None, temperature=temperature, return_stats=True)
+        tokens.append(out.output_ids[0, len(p):].tolist())
+        taus.append(statistics.fmean(out.acceptance_lengths) if out.acceptance_lengths else None)
+    sync()
+    wall = time.perf_counter() - t0
+    n = sum(map(len, tokens))
+    taus = [t for t in taus if t is not None]
+    return {"tokens": tokens, "tok_s": n / wall, "tau": statistics.fmean(taus) if taus else None}
+
+
+def run_ours(decoder: SpecDecoder, prompts, max_new: int, sampling: SamplingConfig, batch: int, seed: int) -> dict:
+    res = decoder.generate(prompts, max_new_tokens=max_new, sampling=sampling, batch_size=batch, seed=seed)
+    s = res.summary()
+    return {"tokens": res.tokens, "tok_s": s["tokens_per_s"], "tau": s["tau_per_request"],
+            "ms_round": s["stage_ms_per_round"].get("round"), "ms_verify": s["stage_ms_per_round"].get("verify")}
+
+
+def _fmt(x, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def median_table(title: str, runs: dict[str, list[dict]], base: str, greedy: bool) -> tuple[str, dict]:
+    """Median tok/s and tau per system over the reps, speed vs `base`, identical outputs vs `base`."""
+    lines = [f"\n{title}", f"| system | tau | tok/s (median) | vs {base} | identical to {base} | ms / round |",
+             "|---|---|---|---|---|---|"]
+    out = {}
+    base_tps = statistics.median(r["tok_s"] for r in runs[base])
+    for name, reps in runs.items():
+        tps = statistics.median(r["tok_s"] for r in reps)
+        taus = [r["tau"] for r in reps if r.get("tau") is not None]
+        ms = [r["ms_round"] for r in reps if r.get("ms_round")]
+        n = len(reps[-1]["tokens"])
+        same = sum(a == b for a, b in zip(reps[-1]["tokens"], runs[base][-1]["tokens"])) if greedy else None
+        out[name] = {"tok_s": tps, "tau": statistics.median(taus) if taus else None, "vs_base": tps / base_tps,
+                     "identical": same, "requests": n, "ms_per_round": statistics.median(ms) if ms else None,
+                     "tok_s_reps": [round(r["tok_s"], 1) for r in reps]}
+        o = out[name]
+        lines.append(f"| {name} | {_fmt(o['tau'], '.3f')} | {tps:.1f} | {o['vs_base']:.2f}x | "
+                     f"{'-' if same is None else f'{same}/{n}'} | {_fmt(o['ms_per_round'], '.2f')} |")
+    return "\n".join(lines), out
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default=None, help="target checkpoint dir (default: the embedded --preset)")
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--drafter", default=None, help="a raw DFlash / DFlash2 drafter dir (default: the newest trained)")
+    ap.add_argument("--domains", default="code,prose,math")
+    ap.add_argument("--num-prompts", type=int, default=8, help="per domain")
+    ap.add_argument("--prompt-tokens", type=int, default=64)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=1.0, help="the sampled comparison (0: skip it)")
+    ap.add_argument("--hf-batch-sizes", type=int, nargs="*", default=[1, 8], help="AR vs generate() at these batches")
+    ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions (medians reported)")
+    ap.add_argument("--compile", action="store_true", help="also our compiled loop (torch.compile of the stages)")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="write the JSON report here")
+    args = ap.parse_args(argv)
+
+    from dmtp.models.mtp_loading import load_native_mtp
+    from dmtp.models.target import TargetModel, load_tokenizer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device, dtype = torch.device(args.device), torch.float32
+    if args.target:
+        path = args.target
+    else:
+        from dmtp.tiny.build import ensure_tiny_target
+
+        path = str(ensure_tiny_target(args.preset))
+    target = TargetModel.from_pretrained(path, dtype=dtype, device=device)
+    tok = load_tokenizer(path)
+    eos = tok.eos_token_id
+    drafter_dir = args.drafter or (str(find_latest_drafter()) if find_latest_drafter() else None)
+    if drafter_dir is None:
+        raise SystemExit("bench_peer: no --drafter given and no trained drafter found")
+    drafter, injection, variant = load_drafter_for(target, drafter_dir, dtype, device)
+    if injection.uses_mtp or injection.needs_mtp_context:
+        raise SystemExit(f"bench_peer: {drafter_dir} is a {variant} drafter; the reference loop runs raw DFlash only")
+    theirs = reference_model(drafter_dir, dtype, device)
+    mtp = load_native_mtp(path, target.embed_tokens, target.lm_head)
+
+    def decoder(method: str, compile: bool = False) -> SpecDecoder:
+        kw = {"drafter": drafter, "injection": injection} if method == "drafter" else {}
+        return SpecDecoder(target, build_proposer(method, target, mtp=mtp, **kw), eos_token_id=eos, compile=compile)
+
+    ours = {"dmtp": decoder("drafter")}
+    ar = {"dmtp AR": decoder("ar")}
+    if args.compile:
+        ours["dmtp compiled"] = decoder("drafter", compile=True)
+        ar["dmtp AR compiled"] = decoder("ar", compile=True)
+    workloads = embedded_prompts(tok, args.domains.split(","), args.num_prompts, args.prompt_tokens)
+    prompts = [p for ps in workloads.values() for p in ps]
+    n = args.max_new_tokens
+    temps = [0.0] + ([args.temperature] if args.temperature > 0 else [])
+    samplings = {t: SamplingConfig(temperature=t, verification="rejection" if t > 0 else "target_only") for t in temps}
+
+    # Warm-up (untimed): allocation, first-call costs, compilation (reported apart).
+    compile_s = {}
+    run_reference(theirs, target, prompts[:1], 8, eos, 0.0, args.seed)
+    for name, dec in {**ours, **ar}.items():
+        for batch in ([1] if name in ours else args.hf_batch_sizes):
+            for t in (temps if name in ours else [0.0]):
+                dec.generate(prompts[:batch], max_new_tokens=n if dec.fixed_shapes else 8, sampling=samplings[t],
+                             batch_size=batch, seed=args.seed)
+        compile_s[name] = dec.compile_s
+    load = [os.getloadavg()[0]]
+    peer: dict[float, dict[str, list]] = {t: {} for t in temps}
+    hf_runs: dict[int, dict[str, list]] = {b: {} for b in args.hf_batch_sizes}
+    for _ in range(args.reps):
+        for t in temps:
+            peer[t].setdefault("reference", []).append(run_reference(theirs, target, prompts, n, eos, t, args.seed))
+            for name, dec in ours.items():
+                peer[t].setdefault(name, []).append(run_ours(dec, prompts, n, samplings[t], 1, args.seed))
+        for b in args.hf_batch_sizes:
+            hf = hf_generate(target, prompts, n, b, eos)
+            hf_runs[b].setdefault("generate()", []).append({"tokens": hf["tokens"], "tok_s": hf["tokens_per_s"]})
+            for name, dec in ar.items():
+                hf_runs[b].setdefault(name, []).append(run_ours(dec, prompts, n, samplings[0.0], b, args.seed))
+        load.append(os.getloadavg()[0])
+
+    print(f"\nbench_peer: {path}, drafter {drafter_dir} ({variant}, {drafter.config.architecture}), {len(prompts)} prompts "
+          f"x {n} new tokens, {args.reps} interleaved reps, torch threads {torch.get_num_threads()}, "
+          f"load average {min(load):.1f}..{max(load):.1f}")
+    report = {"target": path, "drafter": drafter_dir, "prompts": len(prompts), "max_new_tokens": n, "reps": args.reps,
+              "threads": torch.get_num_threads(), "load_average": load, "compile_s": compile_s, "peer": {}, "ar": {}}
+    for t in temps:
+        verification = "greedy" if t == 0 else f"T={t:g}, drafts sampled, rejection sampling"
+        table, figures = median_table(f"batch 1, {verification}: reference dflash_generate vs our loop",
+                                      peer[t], "reference", greedy=t == 0)
+        print(table)
+        report["peer"][str(t)] = figures
+    for b in args.hf_batch_sizes:
+        table, figures = median_table(f"target-only AR, batch {b}, greedy: transformers generate() vs our loop",
+                                      hf_runs[b], "generate()", greedy=True)
+        print(table)
+        report["ar"][str(b)] = figures
+    if args.compile:
+        print("\ncompile time (s, warm-up, not in tok/s): " + ", ".join(f"{k} {v:.1f}" for k, v in compile_s.items()))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"report written to {args.out}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
