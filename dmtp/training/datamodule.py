@@ -164,7 +164,8 @@ class DraftDataModule(L.LightningDataModule):
         per_domain = _split_evenly(self.regen_sequences, len(self.domains))
         for domain, count in zip(self.domains, per_domain):
             prompts.extend(held_out_prompts(self.tokenizer, domain, "train", count, p))
-        random.Random(self.seed).shuffle(prompts)
+        # No shuffle here: the sampler shuffles rows per seed, and a fixed prompt order lets every seed
+        # (and every variant) share one cached regeneration.
         settings = RegenSettings(new_tokens=new, temperature=self.regen_temperature, top_k=self.regen_top_k,
                                  top_p=self.regen_top_p, seed=self.seed, batch_size=self.regen_batch_size)
         conts = regenerate(self.target, prompts, settings, eos_token_id=self.eos)
