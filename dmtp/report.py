@@ -14,14 +14,15 @@ from pathlib import Path
 
 import yaml
 
+from dmtp.injection import CATALOGUE
+
 BASELINE, SINGLE_ANCHOR = "raw_dflash", "token_only"
+# The "interface" column, in the table's row order: the variants' labels from the catalogue, the
+# methods without a drafter, then each variant on the DFlash2 drafter (`<variant>+dflash2`).
 INTERFACES = {
-    "raw_dflash": "[A, MASK x7]", "token_only": "[T1, MASK x6]", "hidden_residual_t1": "[E(T1)+r, MASK x6]",
-    "six_mask_residual": "[T1, MASK+r x6]", "context_fusion": "ctx [target; MTP] 6H->H",
-    "mtp_context_only": "ctx [MTP] H->H", "fusion_t1": "[F(T1,h), MASK x6]",
-    "dual_anchor_fusion": "[A, F(T1,h), MASK x6]", "dual_anchor_zero_init": "[A, E(T1)+D, MASK x6]",
+    **{name: entry.label for name, entry in CATALOGUE.items()},
     "ar": "target only", "mtp415": "MTP x4 chained",
-    "raw_dflash+dflash2": "DFlash2 [A, MASK x7]", "dual_anchor_zero_init+dflash2": "DFlash2 [A, E(T1)+D, MASK x6]",
+    **{f"{name}+dflash2": f"DFlash2 {entry.label}" for name, entry in CATALOGUE.items()},
 }
 
 

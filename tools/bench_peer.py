@@ -137,7 +137,7 @@ def main(argv=None) -> dict:
     if drafter_dir is None:
         raise SystemExit("bench_peer: no --drafter given and no trained drafter found")
     drafter, injection, variant = load_drafter_for(target, drafter_dir, dtype, device)
-    if injection.uses_mtp or injection.needs_mtp_context:
+    if injection.needs_mtp:
         raise SystemExit(f"bench_peer: {drafter_dir} is a {variant} drafter; the reference loop runs raw DFlash only")
     theirs = reference_model(drafter_dir, dtype, device)
     mtp = load_native_mtp(path, target.embed_tokens, target.lm_head)

@@ -13,7 +13,7 @@ Methods:
 * `ARProposer`: target-only autoregressive (K = 0).
 * `MTPChainProposer(k)`: the native MTP chained k times (`mtp415` = k 4, top-1, 5 verify slots).
 * `DrafterProposer`: raw DFlash and every DMTP variant, through the drafter's injection module.
-  It never looks at a variant's name: `uses_mtp`, `needs_mtp_context`, `num_slots`,
+  It never looks at a variant's name: `needs_mtp`, `uses_mtp`, `needs_mtp_context`, `num_slots`,
   `first_predicted_slot`, `slot_positions`, `build_block`, and for the MTP tokens `mtp_steps` (the
   static chain length S), `choose_num_mtp` (m per request, on the device) and `merge_candidates`
   (candidate j from the MTP for j <= m, else from the drafter, by `torch.where`) say everything.
@@ -249,7 +249,7 @@ class DrafterProposer(Proposer):
         self.name = name
         self.injection = injection
         self.dstate = DrafterState(drafter, injection, embed_weight, lm_head_weight)
-        if injection.uses_mtp or injection.needs_mtp_context:
+        if injection.needs_mtp:
             if mtp is None:
                 raise ValueError(f"the {type(injection).__name__} drafter needs the target's native MTP (none given)")
             self.mtp_state = MTPState(mtp, keep_features=injection.needs_mtp_context)

@@ -41,13 +41,22 @@ class Injection(nn.Module):
     uses_mtp: bool = True             # T1 comes from the native MTP
     first_slot_offset: int = 1        # slot 0 position minus A's position
     needs_mtp_context: bool = False   # context features include the per-position MTP hidden
+    # Whether the target's MTP must be loaded for this variant: the one answer training, decoding and
+    # the entry points ask for (derived per class from the two above, never set by hand).
+    needs_mtp: bool = True
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.needs_mtp = cls.uses_mtp or cls.needs_mtp_context
 
     def __init__(self, hidden_size: int, num_target_features: int, mask_token_id: int):
         super().__init__()
         self.hidden_size = hidden_size
         self.num_target_features = num_target_features
         self.mask_token_id = mask_token_id
-        self.init_kwargs: dict = {}  # saved with the drafter so the variant rebuilds identically
+        # The options it was built with, saved with the drafter so that it rebuilds identically; the
+        # catalogue's `register_variant` records them from the constructor's call.
+        self.variant_options: dict = {}
 
     # -- layout ---------------------------------------------------------------------------------
     @property

@@ -3,8 +3,13 @@ by the drafter's own fc. Slots [T1, MASK x6]."""
 import torch
 
 from dmtp.injection.base import Injection
+from dmtp.injection.catalogue import register_variant
 
 
+@register_variant(name="context_fusion",
+                  slots="[T1, MASK x6]",
+                  injected="context = [target layers; per-position MTP hidden]",
+                  label="ctx [target; MTP] 6H->H")
 class ContextFusion(Injection):
     needs_mtp_context = True
 

@@ -2,8 +2,13 @@
 import torch
 
 from dmtp.injection.base import Injection, TokenHiddenFusion
+from dmtp.injection.catalogue import register_variant
 
 
+@register_variant(name="dual_anchor_fusion",
+                  slots="[A, F, MASK x6]",
+                  injected="as fusion_t1, A kept",
+                  label="[A, F(T1,h), MASK x6]")
 class DualAnchorFusion(Injection):
     first_slot_offset = 0
 

@@ -4,8 +4,13 @@ dual-anchor drafter fed plain E(T1), and a published DFlash drafter continues fr
 import torch
 
 from dmtp.injection.base import Injection, TokenHiddenFusion
+from dmtp.injection.catalogue import register_variant
 
 
+@register_variant(name="dual_anchor_zero_init",
+                  slots="[E(A), E(T1)+D, MASK x6]",
+                  injected="D = W[...], W = 0 at init (**main method**)",
+                  label="[A, E(T1)+D, MASK x6]")
 class DualAnchorZeroInit(Injection):
     first_slot_offset = 0
 

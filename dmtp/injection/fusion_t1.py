@@ -3,8 +3,13 @@ REPLACES E(T1)."""
 import torch
 
 from dmtp.injection.base import Injection, TokenHiddenFusion
+from dmtp.injection.catalogue import register_variant
 
 
+@register_variant(name="fusion_t1",
+                  slots="[F, MASK x6]",
+                  injected="F = W[RMS(E(T1)); RMS(sg h_mtp)] replaces E(T1)",
+                  label="[F(T1,h), MASK x6]")
 class FusionT1(Injection):
     def __init__(self, hidden_size, num_target_features, mask_token_id):
         super().__init__(hidden_size, num_target_features, mask_token_id)

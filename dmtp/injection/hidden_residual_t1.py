@@ -2,13 +2,15 @@
 import torch
 
 from dmtp.injection.base import Injection, LowRankResidual
+from dmtp.injection.catalogue import register_variant
 
 
+@register_variant(name="hidden_residual_t1", slots="[E(T1)+r, MASK x6]",
+                  injected="low-rank residual of h_mtp on T1")
 class HiddenResidualT1(Injection):
     def __init__(self, hidden_size, num_target_features, mask_token_id, rank: int = 64):
         super().__init__(hidden_size, num_target_features, mask_token_id)
         self.residual = LowRankResidual(hidden_size, rank)
-        self.init_kwargs = {"rank": rank}
 
     def build_slots(self, embed, anchor, t1, h_mtp):
         slots = self.t1_and_masks(embed, t1)

@@ -8,35 +8,28 @@ the target checkpoint's own names (`tuned_mtp_path` finds it; the target is neve
 """
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
 import torch
 
-from dmtp.injection import VARIANTS, Injection
+from dmtp.injection import Injection, variant, variant_of
 from dmtp.models.drafter import DFlashDrafter, load_drafter, read_drafter_config, save_drafter
 from dmtp.models.mtp_loading import TUNED_MTP_NAME, save_tuned_mtp
 
 PREFIX = "dmtp_injection."
-_STRUCTURE = ("hidden_size", "num_target_features", "mask_token_id")   # set by the drafter, not options
 
 
 def make_injection(name: str, hidden_size: int, num_target_features: int, mask_token_id: int, **kwargs) -> Injection:
-    if name not in VARIANTS:
-        raise ValueError(f"unknown injection variant {name!r}; choose from {', '.join(VARIANTS)}")
-    options = [p for p in inspect.signature(VARIANTS[name].__init__).parameters if p not in ("self", *_STRUCTURE)]
-    unknown = [k for k in kwargs if k not in options]
+    entry = variant(name)
+    unknown = [k for k in kwargs if k not in entry.options]
     if unknown:
         raise ValueError(f"{unknown[0]!r} is not an option of injection {name} (its options: "
-                         f"{', '.join(options) or 'none'})")
-    return VARIANTS[name](hidden_size, num_target_features, mask_token_id, **kwargs)
+                         f"{', '.join(entry.options) or 'none'})")
+    return entry.cls(hidden_size, num_target_features, mask_token_id, **kwargs)
 
 
 def variant_name(injection: Injection) -> str:
-    for name, cls in VARIANTS.items():
-        if type(injection) is cls:
-            return name
-    raise ValueError(f"{type(injection).__name__} is not a registered injection variant")
+    return variant_of(injection).name
 
 
 def save_dmtp_drafter(path: str | Path, drafter: DFlashDrafter, injection: Injection, tuned_mtp=None,
@@ -44,8 +37,8 @@ def save_dmtp_drafter(path: str | Path, drafter: DFlashDrafter, injection: Injec
     """`tuned_mtp`: a jointly trained MTP, written beside the drafter as mtp.safetensors under
     `target_path`'s own checkpoint names."""
     tensors = {PREFIX + k: v.detach().contiguous() for k, v in injection.state_dict().items()}
-    meta = {"injection": variant_name(injection), "injection_kwargs": getattr(injection, "init_kwargs", {}),
-            **extra_config}
+    # "injection_kwargs": the options it was built with (the key every exported drafter carries).
+    meta = {"injection": variant_name(injection), "injection_kwargs": injection.variant_options, **extra_config}
     if tuned_mtp is not None:
         meta["tuned_mtp"] = TUNED_MTP_NAME
     save_drafter(path, drafter, extra_tensors=tensors, extra_config=meta)

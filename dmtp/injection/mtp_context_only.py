@@ -1,7 +1,12 @@
 """MTP context only: the drafter's context is the per-position MTP hidden alone. Slots [T1, MASK x6]."""
 from dmtp.injection.base import Injection
+from dmtp.injection.catalogue import register_variant
 
 
+@register_variant(name="mtp_context_only",
+                  slots="[T1, MASK x6]",
+                  injected="context = per-position MTP hidden",
+                  label="ctx [MTP] H->H")
 class MTPContextOnly(Injection):
     needs_mtp_context = True
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from dmtp.injection.base import BLOCK_CANDIDATES, Injection, TokenHiddenFusion
+from dmtp.injection.catalogue import register_variant
 
 
 def _check_options(max_mtp_tokens, mtp_threshold, num_mtp_tokens) -> None:
@@ -34,6 +35,11 @@ def _check_options(max_mtp_tokens, mtp_threshold, num_mtp_tokens) -> None:
         raise ValueError(f"mtp_threshold must be in (0, 1) (null or 0: a fixed m), got {mtp_threshold!r}")
 
 
+@register_variant(name="multi_mtp_zero_init",
+                  slots="[E(A), E(T1)+D1, ..., E(Tm)+Dm, MASK x(7-m)]",
+                  injected="the MTP proposes T1..Tm (m per request per round), the drafter the rest; "
+                           "one shared zero-init W (m = 1 is `dual_anchor_zero_init`)",
+                  label="[A, E(T1..Tm)+D, MASK x(7-m)]")
 class MultiMTPZeroInit(Injection):
     first_slot_offset = 0
 
@@ -45,8 +51,6 @@ class MultiMTPZeroInit(Injection):
         self._max = max_mtp_tokens
         self.mtp_threshold = float(mtp_threshold) if mtp_threshold else None
         self._steps = num_mtp_tokens or max_mtp_tokens
-        self.init_kwargs = {"max_mtp_tokens": max_mtp_tokens, "mtp_threshold": self.mtp_threshold,
-                            "num_mtp_tokens": num_mtp_tokens}
 
     @property
     def max_mtp_tokens(self) -> int:

@@ -2,8 +2,10 @@
 import torch
 
 from dmtp.injection.base import BLOCK_CANDIDATES, Injection
+from dmtp.injection.catalogue import register_variant
 
 
+@register_variant(name="raw_dflash", slots="[A, MASK x7]", injected="nothing (baseline; MTP unused)")
 class RawDFlash(Injection):
     uses_mtp = False
     first_slot_offset = 0

@@ -44,7 +44,7 @@ def teacher_features(target, mtp, injection: Injection, layer_ids, input_ids: to
         out = target(input_ids, layer_ids=layer_ids, attention_mask=attention_mask)
     g = None
     with torch.set_grad_enabled(mtp_grad and torch.is_grad_enabled()):
-        if injection.uses_mtp or injection.needs_mtp_context:
+        if injection.needs_mtp:
             g = mtp.forward_teacher(input_ids, out.last_hidden)
         context = injection.context_features(out.layer_hidden, g)
     return TeacherFeatures(input_ids, out.logits, context, g, out.last_hidden)

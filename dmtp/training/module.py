@@ -49,7 +49,7 @@ class DMTPModule(L.LightningModule):
             raise ValueError(f"label_source must be one of {', '.join(LABEL_SOURCES)}, got {label_source!r}")
         if t1_source not in T1_SOURCES:
             raise ValueError(f"t1_source must be one of {', '.join(T1_SOURCES)}, got {t1_source!r}")
-        if injection.uses_mtp and mtp is None:
+        if injection.needs_mtp and mtp is None:
             raise ValueError("this injection variant needs the target's MTP layer, but none was loaded")
         if train_mtp not in (True, False):
             raise ValueError(f"train_mtp must be true or false, got {train_mtp!r}")
