@@ -35,14 +35,14 @@ class _EagerGraphs:
 
     def capture(self, reset):
         for _ in range(3):
-            for _, fn in self.stages:
-                fn()
+            for stage in self.stages:
+                stage.run()
         reset()
         return self
 
     def replay(self, timer=None):
-        for _, fn in self.stages:
-            fn()
+        for stage in self.stages:
+            stage.run()
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from dmtp.models.gated_deltanet import GDNCache
 from dmtp.models.mtp_loading import load_native_mtp
 from dmtp.models.target import TargetModel
 from test_decode_sampling import _chi2_pvalue, _exact_probs
+from test_decode_stage_writes import check_rounds
 from test_real_targets import write_qwen35
 
 LAYERS = [1, 3]  # 3 is the last layer: its tap is the final-norm output
@@ -230,14 +231,14 @@ class _EagerGraphs:
 
     def capture(self, reset):
         for _ in range(3):
-            for _, fn in self.stages:
-                fn()
+            for stage in self.stages:
+                stage.run()
         reset()
         return self
 
     def replay(self, timer=None):
-        for _, fn in self.stages:
-            fn()
+        for stage in self.stages:
+            stage.run()
 
 
 def test_graph_warmup_restores_recurrent_state(hybrid, monkeypatch):
@@ -252,6 +253,19 @@ def test_graph_warmup_restores_recurrent_state(hybrid, monkeypatch):
     fake.use_graphs = True  # bucket 4 with a padding row, snapshot/restore around the warm-up
     out = fake.generate(prompts, NEW, batch_size=3)
     assert out.tokens == ref.tokens and out.accepted == ref.accepted
+
+
+@pytest.mark.parametrize("method", ["mtp415", "context_fusion"])
+def test_stages_declare_the_recurrent_state_they_commit(hybrid, method):
+    """The verify stage's writes include every GDN layer's committed conv/recurrent state (advance), its
+    scratch the per-row block buffers and the attention K/V."""
+    target, mtp = hybrid["dense"]
+    dec = SpecDecoder(target, _proposer(method, target, mtp), eos_token_id=[], time_stages=False)
+    assert check_rounds(dec, SamplingConfig()) > 0
+    gdn = [c for c in dec.runner.caches if isinstance(c, GDNCache)]
+    verify = next(s for s in dec.stages(dec.st) if s.name == "verify")
+    assert gdn and all(any(t is c.state for t in verify.writes) and any(t is c.conv for t in verify.writes)
+                       for c in gdn)
 
 
 # -- GPU -------------------------------------------------------------------------------------------------

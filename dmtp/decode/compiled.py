@@ -7,7 +7,8 @@ no-argument functions the eager loop and `RoundGraphs` run) for one batch size, 
 sampling mode, like a graph capture:
 
 1. `warm_up` compiles every stage by running it (twice: the first call compiles, the second checks
-   that nothing recompiles) and restores the state the warm-up mutated (`reset`, the loop's snapshot);
+   that nothing recompiles) and restores the state the warm-up mutated (`reset`, the loop's snapshot of
+   what the stages declare they write);
    the seconds it took are the compile time, reported apart from decoding (`DecodeResult.extra`);
 2. `replay` runs the compiled stages in order.
 
@@ -34,6 +35,8 @@ from collections.abc import Callable
 
 import torch
 
+from dmtp.decode.stage import Stage
+
 # Every (stage, shapes, sampling mode) is one compiled entry of that stage's code object; a benchmark
 # decodes several methods at several batch sizes, far beyond dynamo's default of 8 entries.
 _MIN_RECOMPILE_LIMIT = 256
@@ -52,17 +55,17 @@ class CompiledRound:
     eagerly, with a warning, as a stage that syncs does under CUDA graphs; the others replay without
     re-evaluating their guards."""
 
-    def __init__(self, stages: list[tuple[str, Callable[[], None]]], granularity: str = "stage",
-                 backend: str = "inductor"):
+    def __init__(self, stages: list[Stage], granularity: str = "stage", backend: str = "inductor"):
         if granularity not in ("stage", "round"):
             raise ValueError(f"granularity must be 'stage' or 'round', got {granularity!r}")
         _raise_recompile_limit()
+        steps = [(s.name, s.run) for s in stages]
         if granularity == "round":   # one program for the whole round: fewest entries, only "round" timing
-            stages = [("round_graph", _sequence([fn for _, fn in stages]))]
+            steps = [("round_graph", _sequence([fn for _, fn in steps]))]
         # dynamic=False: one specialised program per shape (the loop fixes the shapes per state).
         # fullgraph: a stage compiled in pieces would make dynamo skip its code for good (module docstring).
         self.items = [(name, fn, torch.compile(fn, dynamic=False, backend=backend, fullgraph=True))
-                      for name, fn in stages]
+                      for name, fn in steps]
         self.eager_stages: list[str] = []
         self.compile_s = 0.0
 

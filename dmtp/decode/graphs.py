@@ -1,13 +1,13 @@
 """CUDA graphs for the decoding round (decode-loop.md §3).
 
-`SpecDecoder` hands `RoundGraphs` the round's stages — no-argument functions that read and write
-buffers allocated before capture (KV caches, lengths, anchors, candidates, verify outputs, logs) — for
+`SpecDecoder` hands `RoundGraphs` the round's stages (`dmtp.decode.stage.Stage`: no-argument functions
+that read and write buffers allocated before capture (KV caches, lengths, anchors, candidates, verify outputs, logs) — for
 one batch-size bucket and one sampling mode. `capture`:
 
 1. warms every stage up on a side stream (three passes), the second under
    `torch.cuda.set_sync_debug_mode("error")`: a stage that syncs with the host (`.item()`, a copy from
    a Python list, ...) cannot be captured and stays eager;
-2. restores the state the warm-up mutated (`reset`, a snapshot taken by the loop);
+2. restores the state the warm-up mutated (`reset`: the loop's snapshot of what the stages declare they write);
 3. captures each remaining stage into its own graph, all in one memory pool (shared across buckets),
    on the warm-up stream; a stage whose capture fails also stays eager;
 4. restores the state again.
@@ -28,6 +28,8 @@ import warnings
 from collections.abc import Callable
 
 import torch
+
+from dmtp.decode.stage import Stage
 
 _SHARED_POOL = None
 
@@ -54,7 +56,7 @@ def _sync_debug_error():
 
 
 class RoundGraphs:
-    def __init__(self, stages: list[tuple[str, Callable[[], None]]], granularity: str = "stage",
+    def __init__(self, stages: list[Stage], granularity: str = "stage",
                  warmup_iters: int = 2, pool=None):
         if granularity not in ("stage", "round"):
             raise ValueError(f"granularity must be 'stage' or 'round', got {granularity!r}")
@@ -72,7 +74,8 @@ class RoundGraphs:
         eager: set[int] = set()
         with torch.cuda.stream(stream):
             for it in range(self.warmup_iters + 1):
-                for i, (name, fn) in enumerate(self.stages):
+                for i, stage in enumerate(self.stages):
+                    name, fn = stage.name, stage.run
                     if it == 1:  # the first pass may initialise lazily (e.g. RoPE tables); check the second
                         try:
                             with _sync_debug_error():
@@ -91,11 +94,12 @@ class RoundGraphs:
         if self.granularity == "round" and not eager:
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=pool, stream=stream):
-                for _, fn in self.stages:
-                    fn()
+                for stage in self.stages:
+                    stage.run()
             items.append(("round_graph", None, g))
         else:
-            for i, (name, fn) in enumerate(self.stages):
+            for i, stage in enumerate(self.stages):
+                name, fn = stage.name, stage.run
                 if i in eager:
                     items.append((name, fn, None))
                     continue
@@ -113,7 +117,7 @@ class RoundGraphs:
         torch.cuda.synchronize()
         reset()
         self.items = items
-        self.eager_stages = [self.stages[i][0] for i in sorted(eager)]
+        self.eager_stages = [self.stages[i].name for i in sorted(eager)]
         return self
 
     def replay(self, timer=None) -> None:

@@ -237,6 +237,11 @@ class HybridTargetRunner(TargetRunner):
         gdn = [c for layer, c in zip(self.layers, self.caches) if not layer.is_attention]
         return [self.lengths] + [t for c in gdn for t in (c.conv, c.state)]
 
+    def scratch_state(self) -> list:
+        """The attention layers' K/V (rows lengths..) and the GDN layers' per-row block buffers; their
+        committed conv/recurrent states are `round_state`."""
+        return list(self.caches)
+
     def _attend(self, attn: Qwen35GatedAttention, h, cos, sin, positions, mask, cache):
         q, gate, k, v = attn.project(h, cos, sin)
         if self.attention == "flash":

@@ -38,6 +38,7 @@ from dmtp.decode.metrics import AcceptanceRecorder, StageTimer, throughput
 from dmtp.decode.proposers import (ARProposer, DrafterProposer, MTPChainProposer, Proposer, ScriptedProposer)
 from dmtp.decode.runner_base import TargetRunner
 from dmtp.decode.runners import make_target_runner
+from dmtp.decode.stage import Stage, present, restore, snapshot
 from dmtp.decode.verify import (accept_block_verification, accept_rejection_sampling, accept_target_only,
                                 probs_from_logits, sample_tokens)
 
@@ -295,10 +296,11 @@ class SpecDecoder:
         self._graphs.clear()
         return st
 
-    def stages(self, st: DecodeState) -> list:
-        """The round: (name, fn) pairs in order. Stage names: mtp, t1_fusion, drafter, verify."""
-        return self.proposer.propose_stages(st) + [("verify", lambda: self._verify(st))] + \
-            self.proposer.advance_stages(st)
+    def stages(self, st: DecodeState) -> list[Stage]:
+        """The round's stages in order, each with the state it writes. Names: mtp, t1_fusion, drafter, verify."""
+        verify = Stage("verify", lambda: self._verify(st), writes=self._verify_writes(st),
+                       scratch=tuple(self.runner.scratch_state()))
+        return self.proposer.propose_stages(st) + [verify] + self.proposer.advance_stages(st)
 
     # -- the verify/accept stage ------------------------------------------------------------------
     def _verify(self, st: DecodeState) -> None:
@@ -340,6 +342,11 @@ class SpecDecoder:
         st.acc_log[r] = torch.where(active, eff, -1)[None]   # indexed assignments: in place when compiled too
         st.raw_log[r] = torch.where(active, acc, -1)[None]
         st.round_idx.add_(1)
+
+    def _verify_writes(self, st: DecodeState) -> tuple[torch.Tensor, ...]:
+        """Everything `_verify` changes in place, and the runner's committed state that `advance` moves."""
+        return (*present(st.out_tokens, st.out_len, st.done, st.anchor, st.a_prev, st.y, st.acc, st.h_verify,
+                         st.f_verify, st.acc_log, st.raw_log, st.round_idx), *self.runner.round_state())
 
     # -- prefill ------------------------------------------------------------------------------------
     def _prefill(self, st: DecodeState, prompts: list[list[int]], max_new: int) -> None:
@@ -477,9 +484,9 @@ class SpecDecoder:
 
             def run_round():
                 self._set_span(st, int(lengths.max()))
-                for name, fn in stages:
-                    with (timer.stage(name) if timer is not None else contextlib.nullcontext()):
-                        fn()
+                for stage in stages:
+                    with (timer.stage(stage.name) if timer is not None else contextlib.nullcontext()):
+                        stage.run()
 
         for r in range(max_new + self.poll_every):
             with (timer.round() if timer is not None else contextlib.nullcontext()):
@@ -489,54 +496,28 @@ class SpecDecoder:
 
     def _capture(self, st: DecodeState):
         """CUDA graphs or compiled stages of the round. The stages run during the capture / compile
-        warm-up mutate the state and draw from the run's seeded generator: both are put back."""
-        saved = _snapshot(st, self.runner, self.proposer)
+        warm-up mutate the state and draw from the run's seeded generator: both are put back (the state
+        the stages declare they write; their scratch rows lie past the committed lengths)."""
+        stages = self.stages(st)
+        saved = snapshot(stages)
         gen = st.generator
         gen_state = gen.get_state() if gen is not None else None
 
         def reset():
-            _restore(saved)
+            restore(saved)
             if gen is not None:
                 gen.set_state(gen_state)
 
         if self.use_graphs:
             from dmtp.decode.graphs import RoundGraphs
 
-            return RoundGraphs(self.stages(st), granularity=self.graph_granularity).capture(reset=reset)
+            return RoundGraphs(stages, granularity=self.graph_granularity).capture(reset=reset)
         from dmtp.decode.compiled import CompiledRound
 
-        program = CompiledRound(self.stages(st), granularity=self.graph_granularity, backend=self.compile_backend)
+        program = CompiledRound(stages, granularity=self.graph_granularity, backend=self.compile_backend)
         program.warm_up(reset=reset)
         self.compile_s += program.compile_s
         return program
-
-
-_SNAPSHOT_SKIP = {"g_buf", "ref", "ctx_positions", "offsets", "row_offsets", "rows", "block_ids", "eos"}
-
-
-def _snapshot(st: DecodeState, runner: TargetRunner, proposer: Proposer) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(buffer, copy) of every mutable decoding tensor that a warm-up round changes: the loop state,
-    the runner's `round_state()` (lengths; a recurrent target's committed states) and the proposer's
-    own buffers. KV caches and the per-position MTP buffer are left alone: warm-up only writes them at
-    positions >= the committed lengths, which are scratch once the lengths are restored."""
-    seen: set[int] = set()
-    out = []
-    objs = [st, proposer, getattr(proposer, "mtp_state", None), getattr(proposer, "dstate", None)]
-    for obj in objs:
-        if obj is None:
-            continue
-        for name, v in vars(obj).items():
-            if isinstance(v, torch.Tensor) and name not in _SNAPSHOT_SKIP and id(v) not in seen \
-                    and not isinstance(v, torch.nn.Parameter):
-                seen.add(id(v))
-                out.append(v)
-    out += [t for t in runner.round_state() if id(t) not in seen]
-    return [(t, t.clone()) for t in out]
-
-
-def _restore(saved) -> None:
-    for t, c in saved:
-        t.copy_(c)
 
 
 def _progress(total: int, desc: str, enabled: bool):

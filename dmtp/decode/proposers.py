@@ -2,7 +2,7 @@
 
 A proposer contributes two lists of stages to every round, each stage a no-argument function that
 reads and writes preallocated device buffers (so the same code runs eagerly on CPU and inside CUDA
-graphs on GPU):
+graphs on GPU) and declares the buffers it writes (`dmtp.decode.stage.Stage`):
 
 * `propose_stages(st)`: fill `st.candidates [B, K]` (and `st.q [B, K, V]`, the proposal
   distributions, when rejection sampling is on);
@@ -30,17 +30,16 @@ recomputed every round and never stored.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
+from dmtp.decode.stage import Stage, present
 from dmtp.decode.verify import probs_from_logits, sample_from_probs
 from dmtp.injection.base import BLOCK_CANDIDATES, Injection
 from dmtp.models.drafter import DFlashDrafter
 from dmtp.models.mtp import NativeMTP
 from dmtp.models.qwen3 import KVCache
-
-Stage = tuple[str, Callable[[], None]]
 
 
 def pick_tokens(logits: torch.Tensor, st) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -126,6 +125,13 @@ class MTPState:
     def logits(self, g: torch.Tensor) -> torch.Tensor:
         return self.mtp.logits(g)
 
+    @property
+    def rows_past_commit(self) -> tuple:
+        """What chaining and catching up write only at positions after the committed length: the MTP's
+        cache (chain rows after the anchor; catch-up rows a+1..a+W, at or past the new length once
+        restored) and the per-position hidden buffer (the catch-up rows' g)."""
+        return (self.cache, *present(self.g_buf))
+
 
 class DrafterState:
     """A DFlash drafter with its context-only K/V cache and an injection module."""
@@ -139,6 +145,11 @@ class DrafterState:
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.drafter.embed_noise(ids, self.embed_weight)
+
+    @property
+    def context_caches(self) -> tuple:
+        """The context K/V, which `append` writes at the verified rows (positions >= the committed length)."""
+        return tuple(self.caches)
 
     def allocate(self, batch: int, max_len: int, device, dtype) -> None:
         c = self.drafter.config
@@ -207,7 +218,8 @@ class Proposer:
         if self.mtp_state is None:
             return []
         m = self.mtp_state
-        return [("mtp", lambda: m.catch_up(st.y, st.h_verify, st.a_prev, st.acc, st.span))]
+        return [Stage("mtp", lambda: m.catch_up(st.y, st.h_verify, st.a_prev, st.acc, st.span),
+                      writes=(m.h,), scratch=m.rows_past_commit)]
 
 
 class ARProposer(Proposer):
@@ -236,7 +248,7 @@ class MTPChainProposer(Proposer):
             if st.q is not None:
                 st.q.copy_(q)
 
-        return [("mtp", chain)]
+        return [Stage("mtp", chain, writes=present(st.candidates, st.q), scratch=(m.cache,))]
 
 
 class DrafterProposer(Proposer):
@@ -314,7 +326,14 @@ class DrafterProposer(Proposer):
             if st.q is not None:
                 st.q.copy_(inj.merge_candidates(self.mtp_q, q, self.num_mtp))
 
-        return ([("mtp", chain)] if steps > 1 else []) + [("t1_fusion", t1_fusion), ("drafter", draft)]
+        drafting = Stage("drafter", draft, writes=present(st.candidates, st.q))
+        if steps == 0:   # raw DFlash: no MTP
+            return [Stage("t1_fusion", t1_fusion, writes=(d.slots,)), drafting]
+        chain_writes = present(self.mtp_tokens, self.mtp_hidden, self.mtp_q)
+        if steps == 1:   # one MTP step reads the cached hidden: no chained rows
+            return [Stage("t1_fusion", t1_fusion, writes=(d.slots, *chain_writes)), drafting]
+        return [Stage("mtp", chain, writes=(*chain_writes, self.num_mtp), scratch=(self.mtp_state.cache,)),
+                Stage("t1_fusion", t1_fusion, writes=(d.slots,)), drafting]
 
     def advance_stages(self, st) -> list[Stage]:
         d = self.dstate
@@ -323,7 +342,7 @@ class DrafterProposer(Proposer):
             positions = st.a_prev[:, None] + self.offsets
             d.append(st.f_verify, self._mtp_features(positions), positions)
 
-        return super().advance_stages(st) + [("drafter", append)]
+        return super().advance_stages(st) + [Stage("drafter", append, scratch=d.context_caches)]
 
 
 class ScriptedProposer(Proposer):
@@ -377,7 +396,7 @@ class ScriptedProposer(Proposer):
             if st.q is not None:  # a point mass on each proposal
                 st.q.zero_().scatter_(2, cand[..., None], 1.0)
 
-        return [("drafter", propose)]
+        return [Stage("drafter", propose, writes=present(st.candidates, st.q))]
 
 
 __all__ = ["Proposer", "ARProposer", "MTPChainProposer", "DrafterProposer", "ScriptedProposer", "MTPState",

@@ -84,6 +84,11 @@ class TargetRunner:
         what a CUDA-graph warm-up must snapshot and restore. Recurrent runners add their states."""
         return [self.lengths]
 
+    def scratch_state(self) -> list:
+        """What `verify` writes only at rows at or past `lengths` (tensors, or cache objects whose every
+        tensor counts): the verify stage declares it as scratch (`dmtp.decode.stage.Stage`)."""
+        return []
+
     def set_features(self, layer_ids) -> None:
         self.target.check_layer_ids(layer_ids)
         self.layer_ids = [int(i) for i in layer_ids]

@@ -137,6 +137,9 @@ class FastTargetRunner(TargetRunner):
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=self.device)
         self._slots = torch.arange(max_len, device=self.device)
 
+    def scratch_state(self) -> list:
+        return list(self.caches)   # verify writes K/V at positions lengths..lengths+S-1
+
     def new_cache(self, batch_size: int, max_len: int):
         cls = _FlashCache if self.attention == "flash" else KVCache
         return cls(batch_size, self.num_kv_heads, max_len, self.head_dim, self.dtype, self.device)
@@ -214,6 +217,9 @@ class RecomputeTargetRunner(TargetRunner):
         self.batch_size, self.max_len = batch_size, max_len
         self.history = torch.zeros(batch_size, max_len, dtype=torch.long, device=self.device)
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=self.device)
+
+    def scratch_state(self) -> list:
+        return [self.history]   # verify writes the tokens at positions lengths..lengths+S-1
 
     def _run(self, upto: int) -> TargetOutput:
         return self.target(self.history[:, :upto], layer_ids=self.layer_ids)
