@@ -79,16 +79,36 @@ def grouped_table(grouped: dict) -> str:
     return "\n".join(lines)
 
 
-def throughput_vs_batch(decoders, workloads, batch_sizes, max_new_tokens: int, sampling) -> dict:
-    """tok/s of every method (repeated drafters: mean ± stdev) with all prompts decoded together at
-    each batch size; printed as a table."""
+def median_speed(reps: list[dict]) -> dict:
+    """`decode_workloads` run several times in turn (every method once per repetition, so the methods are
+    interleaved and share the machine's drift): the first run's figures with each method's tok/s and
+    stage times replaced by their medians over the repetitions, overall and per workload; the single
+    tok/s values are kept under `tok_s_reps`. Acceptance is the same in every repetition (seeded)."""
+    first = reps[0]
+    if len(reps) == 1:
+        return first
+    for scope in ("overall", "workloads"):
+        tables = [first[scope]] if scope == "overall" else list(first[scope].values())
+        for i, table in enumerate(tables):
+            for method, summary in table.items():
+                runs = [(r[scope] if scope == "overall" else list(r[scope].values())[i])[method] for r in reps]
+                summary["tok_s_reps"] = [round(x["tokens_per_s"], 1) for x in runs]
+                summary["tokens_per_s"] = statistics.median(x["tokens_per_s"] for x in runs)
+                summary["stage_ms_per_round"] = {k: statistics.median(x["stage_ms_per_round"].get(k, 0.0) for x in runs)
+                                                 for k in summary["stage_ms_per_round"]}
+    return first
+
+
+def throughput_vs_batch(decoders, workloads, batch_sizes, max_new_tokens: int, sampling, reps: int = 1) -> dict:
+    """tok/s of every method (repeated drafters: mean ± stdev; median over interleaved --reps) with all
+    prompts decoded together at each batch size; printed as a table."""
     if not batch_sizes:
         return {}
     everything = {"all": [p for prompts in workloads.values() for p in prompts]}
     out = {}
     for b in batch_sizes:
-        overall = decode_workloads(decoders, everything, max_new_tokens=max_new_tokens, sampling=sampling,
-                                   batch_size=b, warmup=True)["overall"]
+        overall = median_speed([decode_workloads(decoders, everything, max_new_tokens=max_new_tokens, sampling=sampling,
+                                                 batch_size=b, warmup=rep == 0) for rep in range(reps)])["overall"]
         groups: dict[str, list[float]] = {}
         for label, s in overall.items():
             groups.setdefault(method_of(label), []).append(s["tokens_per_s"])
@@ -105,8 +125,10 @@ def bench_sampling(decoders, workloads, sampling, args, title: str) -> tuple[dic
     """Every method on every workload under one sampling config: prints the methods' table, the
     DMTP / DFlash ratios, merged repeated drafters and (if asked) tok/s vs batch size. Returns the
     report's figures for this config and the raw return value of `decode_workloads`."""
-    metrics = decode_workloads(decoders, workloads, max_new_tokens=args.max_new_tokens, sampling=sampling,
-                               batch_size=args.batch_size, warmup=True, progress=True)
+    reps = [decode_workloads(decoders, workloads, max_new_tokens=args.max_new_tokens, sampling=sampling,
+                             batch_size=args.batch_size, warmup=rep == 0, progress=args.reps == 1)
+            for rep in range(args.reps)]
+    metrics = median_speed(reps)
     overall = metrics["overall"]
     ar_tps = overall["ar"]["tokens_per_s"]
     rows = [{"method": m, "tau": s["tau_per_request"], "tau_verify": s["tau_per_verify"], "t1_accept": s["t1_accept"],
@@ -118,7 +140,8 @@ def bench_sampling(decoders, workloads, sampling, args, title: str) -> tuple[dic
     grouped = grouped_summary(overall, metrics["workloads"])
     if any("#" in m for m in overall):
         print("\nrepeated drafters merged (mean ± stdev):" + grouped_table(grouped))
-    by_batch = throughput_vs_batch(decoders, workloads, args.throughput_batch_sizes, args.max_new_tokens, sampling)
+    by_batch = throughput_vs_batch(decoders, workloads, args.throughput_batch_sizes, args.max_new_tokens, sampling,
+                                   args.reps)
     figures = {"methods": dict(overall), "workloads": metrics["workloads"], "dmtp_over_dflash": ratios,
                "grouped": grouped, "throughput_vs_batch": by_batch}
     return figures, metrics
@@ -227,6 +250,8 @@ def main(argv=None) -> dict:
                          "(both: '<method> compiled' rows); compile time is reported apart")
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers generate() baseline")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
+    ap.add_argument("--reps", type=int, default=1,
+                    help="decode everything this many times, the methods interleaved; tok/s and stage times are medians")
     ap.add_argument("--out", default=None, help="write the JSON report here")
     ap.add_argument("--throughput-batch-sizes", type=int, nargs="*", default=[],
                     help="also decode all prompts together at each batch size: tok/s vs batch size")
@@ -234,6 +259,8 @@ def main(argv=None) -> dict:
                     help=f"verification mode(s), any of {' '.join(VERIFICATION_MODES)}: every method is decoded under "
                          "each, side by side (they differ only at --temperature > 0; 1 is the methods' throughput setting)")
     args = ap.parse_args(argv)
+    if args.reps < 1:
+        ap.error(f"--reps must be at least 1, got {args.reps}")
     modes = list(dict.fromkeys(args.verification))
     if len(modes) > 1 and args.temperature <= 0:
         print("note: at temperature 0 every verification mode is greedy verification (identical tokens and tau); "

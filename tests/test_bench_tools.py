@@ -1,0 +1,36 @@
+"""The benchmark command runs end to end on the micro target, and --reps reports medians of interleaved
+repetitions (acceptance unchanged: every repetition is seeded alike)."""
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+import bench_decode  # noqa: E402
+
+
+def test_bench_decode_reps_are_medians(tmp_path, micro_target_dir):
+    out = tmp_path / "bench.json"
+    report = bench_decode.main(["--target", str(micro_target_dir), "--random-drafters", "dual_anchor_zero_init",
+                                "--domains", "code,math", "--num-prompts", "1", "--prompt-tokens", "16", "--max-new-tokens", "6",
+                                "--batch-size", "2", "--reps", "3", "--no-hf", "--threads", "1",
+                                "--throughput-batch-sizes", "1", "--out", str(out)])
+    saved = json.loads(out.read_text())
+    methods = saved["methods"]
+    assert set(methods) >= {"ar", "mtp415"} and any(m.startswith("dual_anchor_zero_init") for m in methods)
+    for summary in methods.values():
+        reps = summary["tok_s_reps"]
+        assert len(reps) == 3
+        assert sorted(reps)[1] == round(summary["tokens_per_s"], 1)
+    for per_method in saved["workloads"].values():
+        assert all(len(s["tok_s_reps"]) == 3 for s in per_method.values())
+    assert report["methods"]["ar"]["tau_per_request"] == 1.0
+
+
+def test_bench_decode_rejects_zero_reps(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        bench_decode.main(["--reps", "0"])
+    assert e.value.code == 2
+    assert "--reps must be at least 1" in capsys.readouterr().err
