@@ -29,3 +29,9 @@ def reason(err: BaseException, limit: int = 160) -> str:
     """The first sentence of a library's error, to quote inside a one-line message."""
     first = (str(err).strip().splitlines() or [type(err).__name__])[0]
     return first.split(". ")[0][:limit]
+
+
+def drafter_path_shorthand(argv: list[str]) -> list[str]:
+    """`drafter=<dir>` -> `drafter.path=<dir>` (dmtp.infer): `drafter` is also the name of the training's
+    config group, which Hydra would otherwise try to select."""
+    return ["drafter.path=" + a[len("drafter="):] if a.startswith("drafter=") else a for a in argv]

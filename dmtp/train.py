@@ -1,149 +1,24 @@
 """Train a drafter: `python -m dmtp.train injection=<variant>` (Hydra; see conf/train.yaml).
 
-A flat recipe: target -> MTP -> injection -> drafter -> data -> module -> trainer -> fit -> export.
-Each component is built from its own config group only.
+A command only: the job is dmtp.training.job.train, imported after Hydra has composed the config, so
+`--help` and `--cfg job` answer without loading torch, transformers or Lightning.
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import hydra
-import lightning as L
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate as hydra_instantiate
-from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig
 
 from dmtp.cli import one_line_errors
-from dmtp.injection.io import check_drafter_fits, load_dmtp_drafter, save_dmtp_drafter, variant_name
-from dmtp.models.drafter import DFLASH_ARCH
-from dmtp.models.drafter_factory import mask_token_id_of
-from dmtp.models.mtp_loading import MTPLoadError, load_native_mtp
-from dmtp.models.target import load_tokenizer
-from dmtp.training.guards import FiniteGuard
-from dmtp.training.resume import check_checkpoint_fits, checkpoint_shapes, claim_run_dir, resume_plan
-from dmtp.training.rng_state import ResumableRNG
-
-
-def instantiate(node, *args, **kwargs):
-    """Hydra's instantiate, but a component's own error surfaces as itself (one clear line), not
-    wrapped in Hydra's multi-line InstantiationException."""
-    try:
-        return hydra_instantiate(node, *args, **kwargs)
-    except InstantiationException as e:
-        if e.__cause__ is not None:
-            raise e.__cause__ from None
-        raise
-
-
-def build_components(cfg: DictConfig):
-    """Everything `fit` needs, from the composed config (also used by tests and sweeps)."""
-    target = instantiate(cfg.target)
-    tokenizer = load_tokenizer(target.path)
-    mask_id = mask_token_id_of(tokenizer, target.config.vocab_size)
-    make_injection = instantiate(cfg.injection)
-    drafter_factory = instantiate(cfg.drafter)
-    if cfg.init_from:
-        drafter, _, _ = load_dmtp_drafter(cfg.init_from, injection="raw_dflash")
-        check_drafter_fits(drafter.config, target, f"init_from={cfg.init_from}")
-        injection = make_injection(hidden_size=target.hidden_size,
-                                   num_target_features=len(drafter.config.target_layer_ids),
-                                   mask_token_id=drafter.config.mask_token_id)
-        if drafter.config.context_dim != injection.context_dim:
-            raise ValueError(f"init_from drafter has context width {drafter.config.context_dim}; "
-                             f"{variant_name(injection)} needs {injection.context_dim}")
-    else:
-        probe = drafter_factory(target=target, context_dim=1, mask_token_id=mask_id)  # resolves layer ids
-        injection = make_injection(hidden_size=target.hidden_size,
-                                   num_target_features=len(probe.config.target_layer_ids), mask_token_id=mask_id)
-        drafter = drafter_factory(target=target, context_dim=injection.context_dim, mask_token_id=mask_id)
-    if drafter.config.hidden_size != target.hidden_size:
-        raise ValueError(f"drafter hidden size {drafter.config.hidden_size} does not match the target's "
-                         f"{target.hidden_size}")
-    mtp = None
-    if injection.uses_mtp or injection.needs_mtp_context:
-        try:
-            mtp = load_native_mtp(target.path, target.embed_tokens, target.lm_head)
-        except MTPLoadError as e:
-            raise MTPLoadError(f"injection={variant_name(injection)} needs the target's MTP: {e}") from None
-    data = instantiate(cfg.data)(tokenizer=tokenizer, target=target)
-    module = instantiate(cfg.model)(target=target, mtp=mtp, drafter=drafter, injection=injection)
-    return target, tokenizer, data, module
-
-
-def flat_metrics(cfg: DictConfig, summary: dict) -> dict:
-    """One flat record per job for sweep aggregation: identity + exact walk acceptance per domain."""
-    arch = "" if summary["drafter_arch"] == DFLASH_ARCH else "+dflash2"
-    out = {"method": summary["injection"] + arch, "injection": summary["injection"],
-           "drafter_arch": summary["drafter_arch"], "seed": cfg.seed, "global_step": summary["global_step"]}
-    for key, value in summary.items():
-        if key.startswith("val/") and key.count("/") == 2:
-            _, domain, name = key.split("/")
-            if name in ("loss", "acc_first"):   # teacher-forced on held-out data
-                out[f"val/{domain}/{name}"] = value
-            else:                               # the exact greedy walk (SPEC §6)
-                name = {"P(L>=" + str(k) + ")": f"p_len_ge_{k}" for k in range(1, 8)}.get(name, name)
-                out[f"walk/{domain}/{name}"] = value
-    return out
-
-
-def _instantiate_dict(node) -> list:
-    return [instantiate(v) for v in (node or {}).values() if v is not None and "_target_" in v]
-
-
-# Safety rules, not options: added to every run (callbacks=none included) unless already configured.
-ALWAYS_ON_CALLBACKS = (FiniteGuard, ResumableRNG)
-
-
-def train(cfg: DictConfig, callbacks=()) -> dict:
-    """Run one training job; `callbacks` are extra Lightning callbacks (notebooks, tests)."""
-    ckpt_path, resumed_dir = resume_plan(cfg.get("resume"), cfg.ckpt_path)
-    saved_shapes = checkpoint_shapes(ckpt_path) if ckpt_path is not None else None   # fail before building
-    if resumed_dir is not None:   # continue in the run's own directory (Hydra already points there)
-        with open_dict(cfg):
-            cfg.paths.output_dir = str(resumed_dir)
-    output_dir = Path(cfg.paths.output_dir)
-    if rank_zero_only.rank == 0:
-        claim_run_dir(output_dir, resuming=resumed_dir is not None)
-    L.seed_everything(cfg.seed, workers=True)
-    target, tokenizer, data, module = build_components(cfg)
-    if saved_shapes is not None:
-        check_checkpoint_fits(ckpt_path, saved_shapes, module)
-    configured = _instantiate_dict(cfg.get("callbacks")) + list(callbacks)
-    configured += [cls() for cls in ALWAYS_ON_CALLBACKS if not any(isinstance(c, cls) for c in configured)]
-    trainer = instantiate(cfg.trainer, callbacks=configured, logger=_instantiate_dict(cfg.get("logger")) or False)
-    trainer.fit(module, datamodule=data, ckpt_path=ckpt_path, weights_only=True)
-
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
-    summary = {"injection": variant_name(module.injection), "drafter_arch": module.drafter.config.architecture,
-               "global_step": trainer.global_step,
-               "target": target.path, **metrics}
-    if trainer.is_global_zero and not trainer.fast_dev_run:
-        drafter_dir = output_dir / "drafter"
-        tuned = module.mtp if module.train_mtp else None   # joint training: the MTP travels with its drafter
-        save_dmtp_drafter(drafter_dir, module.drafter, module.injection, tuned_mtp=tuned, target_path=target.path,
-                          target=target.path, train_config=OmegaConf.to_container(cfg, resolve=False))
-        summary["drafter"] = str(drafter_dir)
-        (output_dir / "train_metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
-        record = flat_metrics(cfg, summary)
-        if cfg.get("decode_eval") and cfg.decode_eval.enabled:
-            from dmtp.training.evaluate import decode_after_training
-
-            opts = {k: v for k, v in cfg.decode_eval.items() if k != "enabled"}
-            record.update(decode_after_training(target, module.mtp, module.drafter, module.injection, tokenizer, **opts))
-        (output_dir / "metrics.json").write_text(json.dumps(record, indent=2) + "\n")
-        print(f"[dmtp] drafter ({summary['injection']}) exported to {drafter_dir}")
-        if tuned is not None:
-            print(f"[dmtp] its jointly trained MTP: {drafter_dir / 'mtp.safetensors'} (the target checkpoint is unchanged)")
-        print(f"[dmtp] checkpoints in {output_dir / 'checkpoints'}; TensorBoard logs: tensorboard --logdir {output_dir}")
-        print(f"[dmtp] decode with it: python -m dmtp.infer drafter={drafter_dir}")
-    return summary
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    with one_line_errors("dmtp.train"):
+    from dmtp.quiet import plain_lightning_logging, quiet_known_warnings
+
+    plain_lightning_logging()
+    with one_line_errors("dmtp.train"), quiet_known_warnings():
+        from dmtp.training.job import train
+
         summary = train(cfg)
     return summary.get("val/tau")
 

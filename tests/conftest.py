@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from dmtp.tiny.build import ensure_tiny_target
+from dmtp.tiny.targets import ensure_tiny_target
 
 
 def pytest_configure(config):

@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
-from dmtp.infer import NO_DRAFTER_MESSAGE, find_latest_drafter, run
+from dmtp.decode.compare import compare_methods as run
+from dmtp.decode.drafters import NO_DRAFTER_MESSAGE, find_latest_drafter
 from dmtp.injection.io import fresh_drafter_for, save_dmtp_drafter
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
@@ -79,7 +80,7 @@ def test_no_drafter_message(tmp_path):
 
 
 def test_drafter_shorthand():
-    from dmtp.infer import cli_shorthands
+    from dmtp.cli import drafter_path_shorthand as cli_shorthands
 
     assert cli_shorthands(["drafter=/a/b", "batch_size=2", "drafter.injection=x"]) == [
         "drafter.path=/a/b", "batch_size=2", "drafter.injection=x"]

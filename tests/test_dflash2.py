@@ -385,7 +385,7 @@ def test_selector_alpha_warm_up_and_ramp():
 def test_dflash2_config_composes_and_every_variant_trains():
     from dmtp.configs import compose_train
     from dmtp.injection import VARIANTS
-    from dmtp.train import build_components
+    from dmtp.training.job import build_components
 
     for name in sorted(VARIANTS):
         torch.manual_seed(0)

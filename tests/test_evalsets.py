@@ -408,5 +408,5 @@ def test_humaneval_raw_prompt_mode(tok, files):
 
 
 def test_eval_sets_constant():
-    assert set(evalsets.EVAL_SETS) == {"gsm8k", "humaneval", "math500", "alpaca", "mtbench"}
+    assert set(evalsets.EVAL_SETS) == {"gsm8k", "humaneval", "math500", "alpaca", "mtbench", "prompts"}
     assert os.path.basename(evalsets.__file__) == "evalsets.py"

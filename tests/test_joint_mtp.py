@@ -12,9 +12,9 @@ from safetensors.torch import load_file, save_file
 
 from dmtp.configs import compose_train
 from dmtp.decode import SpecDecoder, build_proposer
-from dmtp.infer import load_drafter_for, mtp_for_drafter
+from dmtp.decode.drafters import load_drafter_for, mtp_for_drafter
 from dmtp.models.mtp_loading import MTPLoadError, load_native_mtp
-from dmtp.train import build_components, train
+from dmtp.training.job import build_components, train
 
 
 class _Keep(L.Callback):

@@ -10,7 +10,7 @@ from dmtp.configs import compose_train
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
 from dmtp.injection.io import fresh_drafter_for, load_dmtp_drafter, make_injection, save_dmtp_drafter
 from dmtp.models.mtp_chain import TeacherChain
-from dmtp.train import build_components
+from dmtp.training.job import build_components
 from dmtp.training.blocks import sample_anchors, valid_anchors
 from tests.test_decode_loop import MAX_NEW, prompts, tokenizer  # noqa: F401
 from tests.test_decode_sampling import N_SAMPLES, STEPS, _chi2_pvalue, _exact_probs

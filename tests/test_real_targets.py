@@ -22,11 +22,11 @@ from dmtp.configs import compose_config, compose_train
 from dmtp.decode.hybrid_runner import HybridTargetRunner
 from dmtp.decode.loop import ScriptedProposer, SpecDecoder, build_proposer
 from dmtp.decode.runners import make_target_runner
-from dmtp.infer import run as infer_run
+from dmtp.decode.compare import compare_methods as infer_run
 from dmtp.injection.io import fresh_drafter_for, load_dmtp_drafter
 from dmtp.models.mtp_loading import MTPLoadError, load_native_mtp
 from dmtp.models.target import TargetModel
-from dmtp.train import build_components, train
+from dmtp.training.job import build_components, train
 from test_mtp_loading import qwen_mtp_tensors
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")

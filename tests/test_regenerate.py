@@ -8,7 +8,7 @@ import torch
 from dmtp.configs import compose_train
 from dmtp.data import regenerate as regen_mod
 from dmtp.data.regenerate import RegenSettings, cache_dir_for, regenerate
-from dmtp.train import train
+from dmtp.training.job import train
 
 NEW = 12
 
@@ -98,10 +98,16 @@ def test_bad_settings_are_one_line_errors(bad, match):
     assert "\n" not in str(err.value)
 
 
-def test_training_on_regenerated_data(tmp_path, monkeypatch):
+def test_training_on_regenerated_data(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(regen_mod, "dmtp_home", lambda: tmp_path / "home")
     summary = train(compose_train(["data=regenerated", "data.regen_sequences=8", "data.regen_temperature=0.8"],
                                   output_dir=tmp_path / "run"))
     assert summary["global_step"] == 4
+    # The run ends with the per-domain walk table, then the command that decodes with the drafter.
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1] == f"[dmtp] decode with it: python -m dmtp.infer drafter={summary['drafter']}"
+    header = next(i for i, line in enumerate(lines) if line.startswith("domain "))
+    assert lines[header - 1].startswith("final validation walk, dual_anchor_zero_init at step 4")
+    assert [line.split()[0] for line in lines[header + 2:-1]] == ["code", "math", "prose"]
     shards = list((tmp_path / "home" / "cache").glob("regen-*/shard-*.safetensors"))
     assert shards, "the regenerated data were not cached"

@@ -24,7 +24,7 @@ from dmtp.configs import CONF_DIR, compose_train
 from dmtp.injection.io import fresh_drafter_for, load_dmtp_drafter, save_dmtp_drafter
 from dmtp.models.drafter import DFlashConfig, DFlashDrafter, save_drafter
 from dmtp.models.target import TargetModel
-from dmtp.train import build_components, train
+from dmtp.training.job import build_components, train
 from dmtp.training.guards import NonFiniteError
 from dmtp.training.datamodule import read_records
 
@@ -59,8 +59,10 @@ def infer_cli(args, run_dir, monkeypatch, capsys):
     return cli("dmtp.infer", ["progress=false", "warmup=false", *args], run_dir, monkeypatch, capsys)
 
 
-def _drafter_dir(target, path, name="dual_anchor_zero_init"):
-    save_dmtp_drafter(path, *fresh_drafter_for(target, name, 3))
+def _drafter_dir(target, path, name="dual_anchor_zero_init", trained_for=None):
+    """`trained_for`: the target path recorded in its config, as dmtp.train records it."""
+    extra = {"target": str(trained_for)} if trained_for is not None else {}
+    save_dmtp_drafter(path, *fresh_drafter_for(target, name, 3), **extra)
     return path
 
 
@@ -267,7 +269,9 @@ def test_prompt_longer_than_the_target_is_refused_or_cut_from_the_left(tmp_path,
 
 
 def test_a_method_named_by_the_user_runs_or_fails(tmp_path, micro_target, no_mtp_target, monkeypatch, capsys):
-    drafter = _drafter_dir(micro_target, tmp_path / "outputs" / "train" / "runs" / "r" / "drafter")
+    # trained for this target (widths as micro's), so that the default run below picks it
+    drafter = _drafter_dir(micro_target, tmp_path / "outputs" / "train" / "runs" / "r" / "drafter",
+                           trained_for=no_mtp_target)
     code, line, _ = infer_cli([f"target.path={no_mtp_target}", f"drafter={drafter}"], tmp_path / "a", monkeypatch,
                               capsys)
     assert code == 2 and line.startswith(f"dmtp.infer: error: drafter dual_anchor_zero_init ({drafter}) needs the "

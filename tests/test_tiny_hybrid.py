@@ -17,8 +17,8 @@ from dmtp.injection.io import fresh_drafter_for, load_dmtp_drafter
 from dmtp.models.mtp_families import Qwen35MTPBlock
 from dmtp.models.mtp_loading import load_native_mtp
 from dmtp.models.target import TargetModel
-from dmtp.tiny.build import ensure_tiny_target
-from dmtp.train import train
+from dmtp.tiny.targets import ensure_tiny_target
+from dmtp.training.job import train
 from test_tiny_target import _heldout_ids, _mtp_top1
 
 

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dmtp.models.mtp_loading import load_native_mtp
 from dmtp.models.target import TargetModel
-from dmtp.tiny.build import build_tiny_target
+from dmtp.tiny.targets import build_tiny_target
 
 
 @pytest.mark.slow
@@ -97,7 +97,8 @@ def test_heldout_windows_cover_the_whole_stream_without_overlap():
 def test_reevaluate_rewrites_the_heldout_figures_of_a_built_target(micro_target_dir, tmp_path):
     import shutil
 
-    from dmtp.tiny.build import main as build_main, reevaluate_target
+    from dmtp.tiny.build import main as build_main
+    from dmtp.tiny.targets import reevaluate_target
 
     path = shutil.copytree(micro_target_dir, tmp_path / "micro")
     report = json.loads((path / "build_report.json").read_text())

@@ -13,7 +13,7 @@ from hydra.utils import instantiate
 from dmtp.injection import VARIANTS
 from dmtp.injection.io import make_injection
 from dmtp.models.drafter import DFlashConfig, DFlashDrafter, save_drafter
-from dmtp.train import build_components, train
+from dmtp.training.job import build_components, train
 from dmtp.training.blocks import draft_blocks, sample_anchors, teacher_features, valid_anchors
 from dmtp.configs import compose_train
 

@@ -32,8 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer  # noqa: E402
 from dmtp.decode.loop import VERIFICATION_MODES  # noqa: E402
 from dmtp.decode.metrics import format_table, throughput  # noqa: E402
-from dmtp.infer import (decode_workloads, embedded_prompts, find_latest_drafter, load_drafter_for,  # noqa: E402
-                        mtp_for_drafter, resolve_device, resolve_dtype)
+from dmtp.decode.drafters import find_latest_drafter, load_drafter_for, mtp_for_drafter  # noqa: E402
+from dmtp.decode.options import resolve_device, resolve_dtype  # noqa: E402
+from dmtp.decode.prompt_sets import embedded_prompts  # noqa: E402
+from dmtp.decode.workloads import decode_workloads  # noqa: E402
 
 
 def method_of(label: str) -> str:
@@ -276,7 +278,7 @@ def main(argv=None) -> dict:
     if args.target:
         path = args.target
     else:
-        from dmtp.tiny.build import ensure_tiny_target
+        from dmtp.tiny.targets import ensure_tiny_target
 
         path = str(ensure_tiny_target(args.preset))
     target = TargetModel.from_pretrained(path, dtype=dtype, device=device)
@@ -287,7 +289,7 @@ def main(argv=None) -> dict:
     drafters = []
     paths = list(args.drafter)
     if not paths and not args.random_drafters:
-        latest = find_latest_drafter()
+        latest = find_latest_drafter(target=path)   # the newest trained for this target
         if latest is not None:
             paths = [str(latest)]
     for spec in paths:

@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_decode import hf_generate  # noqa: E402
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer  # noqa: E402
-from dmtp.infer import embedded_prompts, find_latest_drafter, load_drafter_for  # noqa: E402
+from dmtp.decode.drafters import find_latest_drafter, load_drafter_for  # noqa: E402
+from dmtp.decode.prompt_sets import embedded_prompts  # noqa: E402
 
 
 def reference_model(path: str, dtype, device):
@@ -127,13 +128,14 @@ def main(argv=None) -> dict:
     if args.target:
         path = args.target
     else:
-        from dmtp.tiny.build import ensure_tiny_target
+        from dmtp.tiny.targets import ensure_tiny_target
 
         path = str(ensure_tiny_target(args.preset))
     target = TargetModel.from_pretrained(path, dtype=dtype, device=device)
     tok = load_tokenizer(path)
     eos = tok.eos_token_id
-    drafter_dir = args.drafter or (str(find_latest_drafter()) if find_latest_drafter() else None)
+    latest = find_latest_drafter(target=path)   # the newest trained for this target
+    drafter_dir = args.drafter or (str(latest) if latest else None)
     if drafter_dir is None:
         raise SystemExit("bench_peer: no --drafter given and no trained drafter found")
     drafter, injection, variant = load_drafter_for(target, drafter_dir, dtype, device)

@@ -23,6 +23,8 @@ Public field names used (extra fields are kept in ``EvalRequest.meta``):
 * MATH500   ``{problem, solution, answer, subject, level, unique_id}``
 * Alpaca    ``{instruction, input, output}``
 * MT-Bench  ``{question_id, category, turns: [str, str]}`` (``question.jsonl``)
+* prompts   ``{prompt}`` or ``{text}``: a plain prompt set, continued as written (completion style, no
+  chat template); local files only
 
 Only the fields needed to build the prompt (and the id, where the format has
 one) are required; every other field is optional.
@@ -69,6 +71,7 @@ class _SetSpec:
     hf_config: str | None = None
     hf_split: str = "test"
     aliases: tuple[tuple[str, str], ...] = ()  # (public name, alternative name seen in other releases)
+    local_only: bool = False  # never a Hub id: a missing path is a missing file
 
 
 _SPECS: dict[str, _SetSpec] = {
@@ -91,7 +94,9 @@ _SPECS: dict[str, _SetSpec] = {
         # HuggingFaceH4/mt_bench_prompts spells the fields prompt_id / prompt
         aliases=(("question_id", "prompt_id"), ("turns", "prompt")),
     ),
+    "prompts": _SetSpec(required=(), local_only=True),
 }
+PLAIN_PROMPT_KEYS = ("prompt", "text")   # the "prompts" set: either key holds the text to continue
 
 EVAL_SETS: tuple[str, ...] = tuple(_SPECS)
 
@@ -290,7 +295,7 @@ def _iter_source(path: str, spec: _SetSpec) -> Iterator[tuple[str, dict]]:
         return
     if os.path.exists(path):
         raise ValueError(f"{path}: not a regular file or directory")
-    looks_local = path.startswith((".", "/", "~")) or path.lower().endswith(_DATA_SUFFIXES)
+    looks_local = spec.local_only or path.startswith((".", "/", "~")) or path.lower().endswith(_DATA_SUFFIXES)
     if looks_local:
         raise FileNotFoundError(f"{path}: no such file or directory")
     for rec in _load_hub(path, spec):
@@ -346,6 +351,16 @@ def _to_request(name: str, spec: _SetSpec, src: str, idx: int, rec: Any) -> Eval
         if not isinstance(raw_turns, (list, tuple)) or not raw_turns:
             raise ValueError(f"{src}: record {idx} field 'turns' must be a non-empty list of strings")
         turns = [_text(t, "turns", src, idx) for t in raw_turns]
+    elif name == "prompts":
+        key = next((k for k in PLAIN_PROMPT_KEYS if rec.get(k) is not None), None)
+        if key is None:
+            have = ", ".join(sorted(map(str, rec))) or "none"
+            raise ValueError(f"{src}: record {idx} has neither {' nor '.join(map(repr, PLAIN_PROMPT_KEYS))} "
+                             f"(fields: {have})")
+        rid = str(rec.get("id", idx))
+        prompt = _text(rec[key], key, src, idx)
+        turns, raw_prompt = [prompt], prompt
+        used.update(PLAIN_PROMPT_KEYS)
     else:  # pragma: no cover - guarded by load_eval_set
         raise ValueError(f"unknown eval set {name!r}")
     meta = {k: v for k, v in rec.items() if k not in used}

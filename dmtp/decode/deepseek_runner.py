@@ -21,6 +21,7 @@ from dmtp.decode.moe_binding import bind_mlp, check_bound, moe_family_unsupporte
 from dmtp.decode.runner_base import bind_linear, bind_norm
 from dmtp.decode.target_runner import FastTargetRunner
 from dmtp.models.mla import MLACache, MLADecoderLayer, MLAttention, mla_softmax_scale
+from dmtp.models.rope_config import rope_parameters
 from dmtp.models.target import TargetModel
 
 _PROJECTIONS = ("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
@@ -33,7 +34,7 @@ def deepseek_runner_unsupported(target: TargetModel) -> str | None:
     if why:
         return why
     cfg = target.config
-    ours = mla_softmax_scale(cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, cfg.rope_parameters)
+    ours = mla_softmax_scale(cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, rope_parameters(cfg))
     theirs = getattr(target.hf.model.layers[0].self_attn, "scaling", ours)
     if not math.isclose(ours, float(theirs), rel_tol=1e-9):
         return f"softmax scale {theirs} (transformers) differs from the MLA rule's {ours}"

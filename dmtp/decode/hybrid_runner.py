@@ -34,6 +34,7 @@ from dmtp.models.gated_deltanet import GatedDeltaNet
 from dmtp.models.mtp import MTPSpec
 from dmtp.models.mtp_families import Qwen35GatedAttention, Qwen35SparseMoE
 from dmtp.models.qwen3 import KVCache, Qwen3MLP, RMSNorm, attend, rope_cos_sin
+from dmtp.models.rope_config import rope_type
 from dmtp.models.target import TargetModel, TargetOutput
 
 HYBRID_MODEL_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
@@ -81,10 +82,8 @@ def hybrid_runner_unsupported(target: TargetModel) -> str | None:
     for t in types:
         if t not in HYBRID_LAYER_TYPES:
             return f"layer type {t!r}"
-    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-        return f"rope type {rope_type!r}"
+    if rope_type(cfg) != "default":
+        return f"rope type {rope_type(cfg)!r}"
     base = text_model(target.hf)
     if base is None or not all(hasattr(base, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")) \
             or len(types) != len(base.layers):

@@ -15,6 +15,7 @@ from torch import nn
 from dmtp.decode.runner_base import bind_linear
 from dmtp.models.moe import sigmoid_moe_from_config
 from dmtp.models.qwen3 import Qwen3MLP
+from dmtp.models.rope_config import rope_type
 from dmtp.models.target import TargetModel
 
 SUPPORTED_ROPE = ("default", "yarn")
@@ -60,10 +61,8 @@ def moe_family_unsupported(target: TargetModel, model_type: str, attention_parts
         return f"model_type {mt!r} is not {model_type!r}"
     if getattr(cfg, "hidden_act", "silu") not in ("silu", "swish"):
         return f"activation {cfg.hidden_act!r}"
-    rope = getattr(cfg, "rope_parameters", None) or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in SUPPORTED_ROPE:
-        return f"rope type {rope_type!r} (supported: {', '.join(SUPPORTED_ROPE)})"
+    if rope_type(cfg) not in SUPPORTED_ROPE:
+        return f"rope type {rope_type(cfg)!r} (supported: {', '.join(SUPPORTED_ROPE)})"
     base = getattr(target.hf, "model", None)
     if base is None or not all(hasattr(base, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
         return "unexpected module layout"

@@ -38,6 +38,7 @@ from dmtp.decode.stage import Stage, present
 from dmtp.decode.verify import probs_from_logits, sample_from_probs
 from dmtp.injection.base import BLOCK_CANDIDATES, Injection
 from dmtp.models.drafter import DFlashDrafter
+from dmtp.models.drafter_fit import require_context_width
 from dmtp.models.mtp import NativeMTP
 from dmtp.models.qwen3 import KVCache
 
@@ -138,8 +139,7 @@ class DrafterState:
 
     def __init__(self, drafter: DFlashDrafter, injection: Injection, embed_weight: torch.Tensor,
                  lm_head_weight: torch.Tensor):
-        if injection.context_dim != drafter.config.context_dim:
-            raise ValueError(f"injection context width {injection.context_dim} != drafter fc input {drafter.config.context_dim}")
+        require_context_width(drafter.config, injection)
         self.drafter, self.injection = drafter, injection
         self.embed_weight, self.lm_head_weight = embed_weight, lm_head_weight
 

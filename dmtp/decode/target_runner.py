@@ -20,10 +20,11 @@ from torch import nn
 from dmtp.decode.runner_base import (TargetRunner, bind_linear, bind_norm, flash_attn_available, flash_attn_with_kvcache,
                                      gather_rows)
 from dmtp.models.qwen3 import KVCache, Qwen3DecoderLayer, additive_mask, rope_cos_sin
+from dmtp.models.rope_config import rope_type
 from dmtp.models.target import TargetModel, TargetOutput
 
 FAST_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral")
-_STATIC_ROPE = ("default", "linear", "llama3", "yarn", None)
+_STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -44,9 +45,8 @@ def fast_runner_unsupported(target: TargetModel) -> str | None:
         return "sliding-window layers"
     if mt == "mistral" and getattr(cfg, "sliding_window", None):
         return "sliding-window attention"
-    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-    if rope.get("rope_type", rope.get("type")) not in _STATIC_ROPE:
-        return f"rope type {rope.get('rope_type')!r} (position-dependent frequencies)"
+    if rope_type(cfg) not in _STATIC_ROPE:
+        return f"rope type {rope_type(cfg)!r} (position-dependent frequencies)"
     base = getattr(target.hf, "model", None)
     if base is None or not all(hasattr(base, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
         return "unexpected module layout"

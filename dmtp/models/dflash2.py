@@ -42,7 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dmtp.models.drafter import default_sampler, DFLASH2_ARCH, DFlashConfig, DFlashDrafter, DFlashLayer
+from dmtp.models.drafter import (default_sampler, DFLASH2_ARCH, DFlashConfig, DFlashDrafter, DFlashLayer,
+                                  register_drafter)
 from dmtp.models.qwen3 import attend
 
 
@@ -152,6 +153,7 @@ class CandidateSelector(nn.Module):
         return unary.float() + (right @ left[..., None]).squeeze(-1)
 
 
+@register_drafter(DFLASH2_ARCH)
 class DFlash2Drafter(DFlashDrafter):
     """DFlash2: DFlash2Layers (convolutions) and a candidate selector; same inputs, outputs and layout."""
 

@@ -14,7 +14,8 @@ each with its own anchor) and decoding (one block): a block query sees
 Blocks never see each other, so running N blocks in one call equals N calls with one block each.
 
 Parameter names equal the published DFlash tensor names, so `state_dict()` keys are the checkpoint keys.
-DFlash2 (`dmtp.models.dflash2`) subclasses the drafter; `save_drafter`/`load_drafter` handle both, and the
+DFlash2 (`dmtp.models.dflash2`) subclasses the drafter and registers itself in `DRAFTER_CLASSES`;
+`save_drafter`/`load_drafter` handle every registered architecture, and the
 generic hooks `auxiliary_loss` and `propose` let callers treat every drafter alike.
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ from torch import nn
 
 from dmtp.models.qwen3 import (Qwen3DecoderLayer, RMSNorm, additive_mask, attend, init_linear_, rope_cos_sin,
                                rope_inv_freq)
+from dmtp.models.rope_config import DEFAULT_ROPE_THETA, rope_theta
 from dmtp.models.safe_weights import require_finite, unreadable
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -61,7 +63,7 @@ class DFlashConfig:
     block_size: int = 8
     context_dim: int | None = None  # input width of `fc`; default len(target_layer_ids) * hidden_size
     rms_norm_eps: float = 1e-6
-    rope_theta: float = 1e6
+    rope_theta: float = DEFAULT_ROPE_THETA
     max_position_embeddings: int = 4096
     layer_types: list[str] | None = None  # per layer FULL or SLIDING; default all FULL
     sliding_window: int | None = None
@@ -191,7 +193,6 @@ class DFlashConfig:
         mask_id = pick("mask_token_id")
         if mask_id is None:
             raise ValueError("config has no mask_token_id (top level or dflash_config)")
-        rope_theta = (d.get("rope_parameters") or {}).get("rope_theta", d.get("rope_theta", 1e6))
         dflash2 = {}
         if DFLASH2_ARCH in (d.get("architectures") or []):
             missing = [k for k in _DFLASH2_KEYS if pick(k) is None]
@@ -205,7 +206,7 @@ class DFlashConfig:
             head_dim=d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"],
             vocab_size=d["vocab_size"], num_target_layers=n_target, target_layer_ids=list(ids),
             mask_token_id=int(mask_id), block_size=int(pick("block_size", 16)), context_dim=sub.get("context_dim"),
-            rms_norm_eps=d.get("rms_norm_eps", 1e-6), rope_theta=rope_theta,
+            rms_norm_eps=d.get("rms_norm_eps", 1e-6), rope_theta=rope_theta(d),
             max_position_embeddings=d.get("max_position_embeddings", 4096), layer_types=d.get("layer_types"),
             sliding_window=d.get("sliding_window"), is_causal=d.get("is_causal"),
             output_multiplier=float(pick("output_multiplier", 1.0)),
@@ -369,12 +370,26 @@ def default_sampler(temperature: float = 0.0, generator: torch.Generator | None 
     return pick
 
 
+# Published architecture name -> module class. Subclasses register themselves (`register_drafter`) when
+# their module is imported; dmtp.models' __init__ imports every shipped one, so this module never
+# imports its subclasses.
+DRAFTER_CLASSES: dict[str, type[DFlashDrafter]] = {DFLASH_ARCH: DFlashDrafter}
+
+
+def register_drafter(architecture: str):
+    """Class decorator: `architecture` (config.json's `architectures`) is built by the decorated class."""
+    def register(cls: type[DFlashDrafter]) -> type[DFlashDrafter]:
+        DRAFTER_CLASSES[architecture] = cls
+        return cls
+    return register
+
+
 def drafter_class(config: DFlashConfig) -> type[DFlashDrafter]:
     """The module class of a config's architecture (DFlash v1 or DFlash2)."""
-    if config.architecture == DFLASH2_ARCH:
-        from dmtp.models.dflash2 import DFlash2Drafter  # dflash2 builds on this module
-        return DFlash2Drafter
-    return DFlashDrafter
+    if config.architecture not in DRAFTER_CLASSES:
+        raise ValueError(f"no drafter class is registered for architecture {config.architecture!r} "
+                         f"(registered: {', '.join(DRAFTER_CLASSES)})")
+    return DRAFTER_CLASSES[config.architecture]
 
 
 def build_drafter_from_config(config: DFlashConfig) -> DFlashDrafter:
@@ -458,5 +473,5 @@ def load_drafter(path, dtype: torch.dtype = torch.float32):
 
 
 __all__ = ["DFlashConfig", "DFlashDrafter", "DFlashLayer", "DFLASH_ARCH", "DFLASH2_ARCH", "build_target_layer_ids",
-           "dflash_attention_mask", "drafter_class", "build_drafter_from_config", "save_drafter", "load_drafter",
+           "dflash_attention_mask", "DRAFTER_CLASSES", "register_drafter", "drafter_class", "build_drafter_from_config", "save_drafter", "load_drafter",
            "read_drafter_config"]

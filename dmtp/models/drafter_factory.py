@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dmtp.models.drafter import DFlashConfig, DFlashDrafter, build_drafter_from_config, build_target_layer_ids
+from dmtp.models.rope_config import rope_theta
 
 ARCHITECTURES = ("dflash", "dflash2")
 
@@ -43,14 +44,13 @@ def build_drafter(target, context_dim: int, mask_token_id: int, num_layers: int 
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     # MoE targets have no dense intermediate size; the drafter's MLP stays dense, 3x the width.
     intermediate_size = intermediate_size or getattr(cfg, "intermediate_size", None) or 3 * cfg.hidden_size
-    rope = getattr(cfg, "rope_parameters", None) or {}
     config = DFlashConfig(
         hidden_size=cfg.hidden_size, intermediate_size=intermediate_size,
         num_hidden_layers=num_layers, num_attention_heads=cfg.num_attention_heads,
         num_key_value_heads=cfg.num_key_value_heads, head_dim=head_dim, vocab_size=cfg.vocab_size,
         num_target_layers=n_target, target_layer_ids=list(target_layer_ids), mask_token_id=mask_token_id,
         block_size=block_size, context_dim=context_dim, rms_norm_eps=cfg.rms_norm_eps,
-        rope_theta=float(rope.get("rope_theta", getattr(cfg, "rope_theta", 1e6))),
+        rope_theta=rope_theta(cfg),
         max_position_embeddings=cfg.max_position_embeddings, layer_types=layer_types,
         sliding_window=sliding_window, is_causal=is_causal, output_multiplier=float(output_multiplier),
         final_logit_softcapping=float(final_logit_softcapping or 0.0), **dflash2)

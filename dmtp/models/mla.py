@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from dmtp.models.qwen3 import RMSNorm, apply_rope
+from dmtp.models.rope_config import rope_parameters
 
 # transformers builds q_a_layernorm / kv_a_layernorm with its RMSNorm default, not config.rms_norm_eps.
 LATENT_NORM_EPS = 1e-6
@@ -91,7 +92,7 @@ class MLAttention(nn.Module):
         """Zero-initialised, dimensions from transformers' DeepseekV3Config (its defaults included)."""
         return cls(config.hidden_size, config.num_attention_heads, config.q_lora_rank, config.kv_lora_rank,
                    config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim,
-                   mla_softmax_scale(config.qk_nope_head_dim + config.qk_rope_head_dim, config.rope_parameters),
+                   mla_softmax_scale(config.qk_nope_head_dim + config.qk_rope_head_dim, rope_parameters(config)),
                    bool(getattr(config, "rope_interleave", True)), bool(config.attention_bias))
 
     def new_cache(self, batch: int, max_len: int, dtype, device) -> MLACache:

@@ -39,22 +39,10 @@ from dmtp.models.mla import MLADecoderLayer, MLAttention
 from dmtp.models.moe import PackedSwiGLU, PerExpertSwiGLU, sigmoid_moe_from_config
 from dmtp.models.moe import packed_experts as _packed_experts
 from dmtp.models.mtp import MTPSpec
+from dmtp.models.mtp_errors import MTPLoadError
+from dmtp.models.rope_config import rope_parameters, rope_theta, rope_type
 from dmtp.models.qwen3 import (KVCache, Qwen3DecoderLayer, Qwen3MLP, RMSNorm, apply_rope, attend, rope_cos_sin,
                                rope_inv_freq, rope_tables)
-
-
-def _error(message: str) -> Exception:
-    from dmtp.models.mtp_loading import MTPLoadError  # lazy: mtp_loading imports this module
-
-    return MTPLoadError(message)
-
-
-def _rope_params(cfg: dict) -> dict:
-    return cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-
-
-def _rope_theta(cfg: dict) -> float:
-    return float(_rope_params(cfg).get("rope_theta", cfg.get("rope_theta", 10000.0)))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -151,17 +139,16 @@ class Qwen35MTPBlock(nn.Module):
 
 
 def _qwen35_spec(cfg: dict) -> MTPSpec:
-    rope = _rope_params(cfg)
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-        raise _error(f"{cfg.get('model_type')} MTP: rope_type {rope_type!r} is not supported (only 'default')")
+    if rope_type(cfg) != "default":
+        raise MTPLoadError(f"{cfg.get('model_type')} MTP: rope_type {rope_type(cfg)!r} is not supported "
+                           "(only 'default')")
     heads = cfg["num_attention_heads"]
-    partial = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 0.25))
+    partial = cfg.get("partial_rotary_factor", rope_parameters(cfg).get("partial_rotary_factor", 0.25))
     return MTPSpec(family=cfg.get("model_type", "qwen3_5"), hidden_size=cfg["hidden_size"], num_attention_heads=heads,
                    num_key_value_heads=cfg.get("num_key_value_heads", heads),
                    head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
                    intermediate_size=cfg.get("intermediate_size") or cfg.get("shared_expert_intermediate_size") or 0,
-                   rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=_rope_theta(cfg),
+                   rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=rope_theta(cfg),
                    partial_rotary_factor=float(partial), zero_centered_norm=True,
                    attention_bias=cfg.get("attention_bias", False))
 
@@ -178,7 +165,7 @@ def _qwen35_block(spec: MTPSpec, cfg: dict, keys: list[str] | None = None) -> Qw
                               cfg.get("norm_topk_prob", True), packed=_packed_experts(keys))
     else:
         if not cfg.get("intermediate_size"):
-            raise _error(f"{cfg.get('model_type')} MTP has a dense MLP but the config has no intermediate_size")
+            raise MTPLoadError(f"{cfg.get('model_type')} MTP has a dense MLP but the config has no intermediate_size")
         mlp = Qwen3MLP(spec.hidden_size, cfg["intermediate_size"])
     return Qwen35MTPBlock(spec, mlp)
 
@@ -239,7 +226,7 @@ def _moe_family_block(block_cls, config, rotary_cls, cfg: dict, keys: list[str] 
     """The MTP layer (index num_hidden_layers) of a DeepSeek-V3 / GLM-4-MoE config: MoE from
     `first_k_dense_replace` on, as transformers decides; experts in the checkpoint's layout."""
     if cfg.get("hidden_act", "silu") != "silu":
-        raise _error(f"{cfg.get('model_type')} MTP: hidden_act {cfg['hidden_act']!r} is not supported")
+        raise MTPLoadError(f"{cfg.get('model_type')} MTP: hidden_act {cfg['hidden_act']!r} is not supported")
     rotary = rotary_cls(config=config)
     # Built on the meta device, then materialised with zeros: real MoE blocks hold billions of weights,
     # which need no random init (every tensor is then loaded).
@@ -262,7 +249,7 @@ def _deepseek_v3_spec(cfg: dict) -> MTPSpec:
                    num_key_value_heads=cfg.get("num_key_value_heads", heads),
                    head_dim=cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"],
                    intermediate_size=cfg.get("moe_intermediate_size") or cfg["intermediate_size"],
-                   rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=_rope_theta(cfg),
+                   rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=rope_theta(cfg),
                    attention_bias=cfg.get("attention_bias", False))
 
 
@@ -280,9 +267,9 @@ def _glm4_moe_spec(cfg: dict) -> MTPSpec:
                    num_key_value_heads=cfg.get("num_key_value_heads", heads),
                    head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
                    intermediate_size=cfg.get("moe_intermediate_size") or cfg["intermediate_size"],
-                   rms_norm_eps=cfg.get("rms_norm_eps", 1e-5), rope_theta=_rope_theta(cfg),
+                   rms_norm_eps=cfg.get("rms_norm_eps", 1e-5), rope_theta=rope_theta(cfg),
                    partial_rotary_factor=float(cfg.get("partial_rotary_factor",
-                                                       _rope_params(cfg).get("partial_rotary_factor", 0.5))),
+                                                       rope_parameters(cfg).get("partial_rotary_factor", 0.5))),
                    attention_bias=cfg.get("attention_bias", False))
 
 

@@ -31,13 +31,11 @@ from torch import nn
 
 from dmtp.models import mtp_families
 from dmtp.models.mtp import MTPSpec, NativeMTP, Qwen3MTPBlock
+from dmtp.models.mtp_errors import MTPLoadError
+from dmtp.models.rope_config import rope_theta
 from dmtp.models.safe_weights import require_finite, unreadable
 
 TUNED_MTP_NAME = "mtp.safetensors"   # a jointly trained MTP, beside its drafter's model.safetensors
-
-
-class MTPLoadError(ValueError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -51,17 +49,12 @@ class MTPFamily:
     block: Callable[..., nn.Module]
 
 
-def _rope_theta(cfg: dict) -> float:
-    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-
-
 def _qwen3_spec(cfg: dict) -> MTPSpec:
     return MTPSpec(family="qwen3", hidden_size=cfg["hidden_size"], num_attention_heads=cfg["num_attention_heads"],
                    num_key_value_heads=cfg.get("num_key_value_heads", cfg["num_attention_heads"]),
                    head_dim=cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
                    intermediate_size=cfg["intermediate_size"], rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-                   rope_theta=_rope_theta(cfg), attention_bias=cfg.get("attention_bias", False))
+                   rope_theta=rope_theta(cfg), attention_bias=cfg.get("attention_bias", False))
 
 
 # model_type -> family. Other families register here (see dmtp/models/mtp_families.py).

@@ -130,7 +130,7 @@ def load_target(path: str | None = None, preset: str = "tiny", dtype: str = "flo
     """Hydra entry point: a checkpoint path, or (path=None) the embedded tiny target of `preset`,
     built on first use and cached."""
     if path is None:
-        from dmtp.tiny.build import ensure_tiny_target
+        from dmtp.tiny.targets import ensure_tiny_target
 
         path = str(ensure_tiny_target(preset))
     return TargetModel.from_pretrained(path, dtype=getattr(torch, dtype), device=device,

@@ -1,158 +1,19 @@
-"""Build (once) and cache the embedded tiny target: tokenizer + causal LM + native MTP layer.
+"""Build (once) and cache an embedded target, or re-measure a built one (library: dmtp.tiny.targets).
 
     python -m dmtp.tiny.build --preset tiny          # default target (Qwen3), ~9.5 minutes on 2 CPU cores
     python -m dmtp.tiny.build --preset micro         # test target, seconds
     python -m dmtp.tiny.build --preset tiny_hybrid   # Qwen3.5 hybrid (gated DeltaNet + attention)
     python -m dmtp.tiny.build --preset micro_hybrid  # its test target
-
-The result is a normal Hugging Face checkpoint directory: config.json (with mtp_num_hidden_layers),
-model.safetensors (target tensors plus `mtp.*`), tokenizer files and build_report.json.
+    python -m dmtp.tiny.build --evaluate --out <dir> # recompute a built target's held-out figures
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import os
-import random
-import shutil
-import tempfile
-import time
-from dataclasses import asdict
 from pathlib import Path
 
-import torch
-from safetensors.torch import save_file
-from transformers import PreTrainedModel
-
-from dmtp.data.corpora import DOMAINS, texts
-from dmtp.models.mtp import NativeMTP
-from dmtp.paths import targets_dir
-from dmtp.tiny.architectures import build_model
-from dmtp.tiny.presets import PRESETS, TinyPreset, get_preset
-from dmtp.tiny.pretrain import DomainStreams, evaluate, pretrain
-from dmtp.tiny.tokenizer import train_tokenizer
-
-BUILD_VERSION = 1
-
-
-def default_target_dir(preset: str) -> Path:
-    """Cache directory named after the preset's content, so a changed preset never reuses a stale build."""
-    digest = hashlib.sha1(f"{BUILD_VERSION}{asdict(get_preset(preset))}".encode()).hexdigest()[:8]
-    return targets_dir() / f"{preset}-{digest}"
-
-
-def ensure_tiny_target(preset: str = "tiny", out_dir: str | Path | None = None, progress: bool = True) -> Path:
-    """Return the cached target directory, building it first if it is not there yet."""
-    path = Path(out_dir) if out_dir else default_target_dir(preset)
-    if (path / "build_report.json").exists():
-        return path
-    return build_tiny_target(preset, path, progress=progress, keep_existing=True)
-
-
-def _tokenizer_sample(docs: dict[str, list[str]], chars: int, seed: int) -> list[str]:
-    rng = random.Random(seed)
-    sample = []
-    for domain in DOMAINS:
-        pool = list(docs[domain])
-        rng.shuffle(pool)
-        budget = chars // len(DOMAINS)
-        for text in pool:
-            if budget <= 0:
-                break
-            sample.append(text[:budget])
-            budget -= len(text)
-    return sample
-
-
-def _encode(tok, docs: list[str]) -> torch.Tensor:
-    ids = []
-    for enc in tok(docs, add_special_tokens=False)["input_ids"]:
-        ids.extend(enc)
-        ids.append(tok.eos_token_id)
-    return torch.tensor(ids, dtype=torch.long)
-
-
-def build_tiny_target(preset_name: str, out_dir: str | Path, progress: bool = True,
-                      keep_existing: bool = False) -> Path:
-    """Build into a staging directory, then move it to `out_dir`. keep_existing: if another process
-    finished the same build meanwhile, keep its copy (it may be in use) and drop this one."""
-    preset: TinyPreset = get_preset(preset_name)
-    out_dir = Path(out_dir)
-    started = time.perf_counter()
-    torch.manual_seed(preset.seed)
-    if progress:
-        print(f"[dmtp] building the {preset.name} target into {out_dir} (once; it is cached and reused)")
-
-    train_docs = {d: texts(d, "train")[: preset.docs_per_domain] for d in DOMAINS}
-    val_docs = {d: texts(d, "validation")[: preset.docs_per_domain] for d in DOMAINS}
-
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
-    try:
-        tok = train_tokenizer(_tokenizer_sample(train_docs, preset.tokenizer_chars, preset.seed),
-                              preset.vocab_size, staging)
-        train_streams = {d: _encode(tok, train_docs[d]) for d in DOMAINS}
-        val_streams = {d: _encode(tok, val_docs[d]) for d in DOMAINS}
-
-        model, mtp = build_model(preset, len(tok), tok.eos_token_id)
-
-        weights = dict(zip(DOMAINS, preset.domain_weights))
-        data = DomainStreams(train_streams, weights, preset.seq_len, preset.seed)
-        stats = pretrain(model, mtp, data, preset, progress=progress)
-        report = {"preset": preset.name, "build_version": BUILD_VERSION, "architecture": type(model).__name__,
-                  "parameters": sum(p.numel() for p in model.parameters()),
-                  "mtp_parameters": sum(p.numel() for p in mtp.parameters()),
-                  **stats, "heldout": evaluate(model, mtp, val_streams, preset.seq_len)}
-        save_target(model, mtp, staging)
-        report["build_seconds"] = round(time.perf_counter() - started, 1)
-        (staging / "build_report.json").write_text(json.dumps(report, indent=2) + "\n")
-        if not (keep_existing and (out_dir / "build_report.json").exists()):
-            if out_dir.exists():
-                shutil.rmtree(out_dir)
-            os.replace(staging, out_dir)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-    if progress:
-        print(f"[dmtp] {preset.name} target ready at {out_dir} ({report['build_seconds']} s); "
-              f"held-out: {json.dumps(report['heldout'])}")
-    return out_dir
-
-
-def save_target(model: PreTrainedModel, mtp: NativeMTP, out_dir: Path) -> None:
-    """One model.safetensors with the target's tensors and the MTP's under `mtp.*` (Qwen3.5 naming), and
-    config.json with the MTP keys the Qwen3.5 releases carry."""
-    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    tensors.update({f"mtp.{k}": v.detach().contiguous() for k, v in mtp.state_dict().items()})
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    config = model.config.to_dict()
-    config.update(architectures=[type(model).__name__], mtp_num_hidden_layers=1, mtp_use_dedicated_embeddings=False,
-                  dtype="float32")
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    model.generation_config.save_pretrained(str(out_dir))
-
-
-@torch.no_grad()
-def reevaluate_target(path: str | Path) -> dict:
-    """Recompute a built target's held-out figures with the current `evaluate` and store them in its
-    build_report.json (the weights are untouched)."""
-    from dmtp.models.mtp_loading import load_native_mtp
-    from dmtp.models.target import TargetModel, load_tokenizer
-
-    path = Path(path)
-    report_path = path / "build_report.json"
-    if not report_path.exists():
-        raise FileNotFoundError(f"{path} is not a built dmtp target (no build_report.json)")
-    report = json.loads(report_path.read_text())
-    preset = get_preset(report["preset"])
-    model = TargetModel.from_pretrained(path).hf
-    mtp = load_native_mtp(path, model.model.embed_tokens, model.lm_head).eval()
-    tok = load_tokenizer(path)
-    val_streams = {d: _encode(tok, texts(d, "validation")[: preset.docs_per_domain]) for d in DOMAINS}
-    report["heldout"] = evaluate(model, mtp, val_streams, preset.seq_len)
-    report_path.write_text(json.dumps(report, indent=2) + "\n")
-    return report["heldout"]
+from dmtp.tiny.presets import PRESETS
+from dmtp.tiny.targets import build_tiny_target, default_target_dir, reevaluate_target
 
 
 def main(argv=None) -> None:

@@ -4,7 +4,8 @@ for metrics.json."""
 from __future__ import annotations
 
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
-from dmtp.infer import decode_workloads, embedded_prompts
+from dmtp.decode.prompt_sets import embedded_prompts
+from dmtp.decode.workloads import decode_workloads
 
 
 def flat_decode_metrics(summary: dict, prefix: str) -> dict:

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from dmtp.injection.base import Injection
 from dmtp.models.drafter import DFlashDrafter
+from dmtp.models.drafter_fit import require_context_width, require_target_width
 from dmtp.training.blocks import (MTPBlockInputs, draft_blocks, mtp_block_inputs, predicted_positions, sample_anchors,
                                   teacher_features, valid_anchors)
 from dmtp.training.validation import exact_acceptance
@@ -59,11 +60,8 @@ class DMTPModule(L.LightningModule):
         if isinstance(mtp_loss_weight, bool) or not isinstance(mtp_loss_weight, (int, float)) \
                 or not mtp_loss_weight >= 0:
             raise ValueError(f"mtp_loss_weight must be a number >= 0, got {mtp_loss_weight!r}")
-        if drafter.config.hidden_size != target.hidden_size:
-            raise ValueError(f"drafter hidden size {drafter.config.hidden_size} != target hidden size {target.hidden_size}")
-        if drafter.config.context_dim != injection.context_dim:
-            raise ValueError(f"drafter fc expects {drafter.config.context_dim} context features, "
-                             f"the injection variant builds {injection.context_dim}")
+        require_target_width(drafter.config, target)
+        require_context_width(drafter.config, injection)
         self.target, self.mtp = target, mtp
         self.drafter, self.injection = drafter, injection
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler

@@ -1,0 +1,103 @@
+"""Which trained drafter decodes, and with which MTP: the newest one trained for the target in use,
+loaded and checked against that target."""
+from __future__ import annotations
+
+from pathlib import Path
+
+NO_DRAFTER_MESSAGE = ("[dmtp] no trained drafter found under ./outputs or ./logs; train one first: "
+                      "python -m dmtp.train injection=dual_anchor_zero_init  (or pass drafter=<dir>)")
+
+
+def recorded_target(drafter_dir: str | Path) -> str | None:
+    """The target a dmtp-trained drafter records in its config.json (`dmtp.target`), as written."""
+    from dmtp.models.drafter import read_drafter_config
+
+    return (read_drafter_config(drafter_dir).get("dmtp") or {}).get("target")
+
+
+def drafter_target(drafter_dir: Path | None) -> str | None:
+    """The target a drafter was trained against, if it records one that still exists on disk."""
+    if drafter_dir is None or not (Path(drafter_dir) / "config.json").exists():
+        return None
+    path = recorded_target(drafter_dir)
+    return path if path and Path(path).is_dir() else None
+
+
+def same_target(a: str | Path, b: str | Path) -> bool:
+    """Two target references name one checkpoint: equal resolved local paths, or equal hub ids."""
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    if pa.exists() or pb.exists():
+        return pa.resolve() == pb.resolve()
+    return str(a) == str(b)
+
+
+def find_latest_drafter(roots=("outputs", "logs"), base: str | Path | None = None,
+                        target: str | Path | None = None) -> Path | None:
+    """The newest `<root>/**/drafter/config.json` (by modification time) under the working directory;
+    with `target`, the newest one trained for that target (drafters that record no target, or another
+    one, are passed over: a drafter only fits the target whose widths and layers it was built for)."""
+    base = Path(base or Path.cwd())
+    found = []
+    for root in roots:
+        r = base / root
+        if r.is_dir():
+            found.extend(p for p in r.glob("**/drafter/config.json") if (p.parent / "model.safetensors").exists())
+    if target is not None:
+        found = [p for p in found if _trained_for(p.parent, target)]
+    if not found:
+        return None
+    return max(found, key=lambda p: p.stat().st_mtime).parent
+
+
+def _trained_for(drafter_dir: Path, target: str | Path) -> bool:
+    try:
+        recorded = recorded_target(drafter_dir)
+    except ValueError:   # an unreadable config.json is not a candidate
+        return False
+    return bool(recorded) and same_target(recorded, target)
+
+
+def no_drafter_for(target: str | Path, base: str | Path | None = None) -> str:
+    """The message when no drafter trained for `target` exists (naming the newest one for another target)."""
+    other = find_latest_drafter(base=base)
+    if other is None:
+        return NO_DRAFTER_MESSAGE
+    trained_on = recorded_target(other) or "an unrecorded target"
+    return (f"[dmtp] no drafter trained for {target} under ./outputs or ./logs (the newest, {other}, was trained "
+            f"for {trained_on}); pass drafter=<dir> to decode another one on the target it was trained for, or "
+            "train one for this target: "
+            "python -m dmtp.train injection=dual_anchor_zero_init")
+
+
+def load_drafter_for(target, path, dtype, device, injection: str | None = None, options: dict | None = None):
+    """-> (drafter, injection, label). `options`: the injection's decoding-time options (e.g.
+    multi_mtp_zero_init's num_mtp_tokens / mtp_threshold), named in the label: `variant[k=v,...]`."""
+    from dmtp.injection.io import check_drafter_fits, load_dmtp_drafter, variant_name
+
+    options = dict(options or {})
+    drafter, inj, meta = load_dmtp_drafter(path, dtype=dtype, injection=injection, options=options)
+    check_drafter_fits(drafter.config, target, f"drafter {path}")
+    label = variant_name(inj) + ("[" + ",".join(f"{k}={v}" for k, v in options.items()) + "]" if options else "")
+    return drafter.to(device).eval(), inj.to(device).eval(), label
+
+
+def mtp_for_drafter(target, target_path, drafter_dir, native_mtp):
+    """The MTP a drafter decodes with: its own jointly trained one (mtp.safetensors in its directory,
+    one line saying so) or the target's native MTP."""
+    from dmtp.injection.io import tuned_mtp_path
+    from dmtp.models.mtp_loading import load_native_mtp
+
+    tuned = tuned_mtp_path(drafter_dir) if drafter_dir is not None else None
+    if tuned is None:
+        return native_mtp
+    print(f"[dmtp] drafter {drafter_dir} decodes with its jointly trained MTP ({tuned}); other methods use "
+          "the target's own")
+    p = native_mtp.fc.weight
+    return load_native_mtp(target_path, target.embed_tokens, target.lm_head, dtype=p.dtype, device=p.device,
+                           tuned=tuned)
+
+
+def method_needs_mtp(method: str, injection=None) -> bool:
+    if method.startswith("mtp"):
+        return True
+    return method == "drafter" and injection is not None and injection.needs_mtp

@@ -1,0 +1,59 @@
+"""Decoding options of `python -m dmtp.infer`, checked before anything is loaded: device, dtype,
+sampling, the prompt budget, and which methods the user named (those must run or fail)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from dmtp.decode.loop import SamplingConfig
+
+TRUNCATE_MODES = (None, "left")   # eval.truncate
+
+
+def resolve_device(name: str) -> torch.device:
+    if name in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if name not in table:
+        raise ValueError(f"unknown dtype {name!r}; choose from {', '.join(table)}")
+    return table[name]
+
+
+def decode_options(cfg) -> SamplingConfig:
+    """Check the decoding options before anything is loaded (one line naming the option); -> sampling."""
+    for key in ("batch_size", "max_new_tokens", "num_prompts"):
+        value = cfg[key]
+        if key == "num_prompts" and value is None:
+            continue   # a named eval set: all of it
+        if type(value) is not int or value < 1:
+            raise ValueError(f"{key} must be an integer >= 1, got {value}")
+    if cfg.eval.get("truncate") not in TRUNCATE_MODES:
+        raise ValueError(f"eval.truncate must be null (refuse a prompt the target cannot take) or left, "
+                         f"got {cfg.eval.truncate!r}")
+    return SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, verification=cfg.verification)
+
+
+def named_methods(cfg, overrides: list[str] | None = None) -> set[str]:
+    """The methods the user asked for by name: they must run or fail, never be skipped. With the command
+    line's `overrides`: every method of a `methods=` given there; from Python: a methods list other than
+    conf/infer.yaml's. `drafter=<dir>` always names the drafter."""
+    if overrides is None:
+        from omegaconf import OmegaConf
+
+        from dmtp.configs import CONF_DIR
+
+        defaults = list(OmegaConf.load(Path(CONF_DIR) / "infer.yaml").methods)
+        named = set(cfg.methods) if list(cfg.methods) != defaults else set()
+    else:
+        named = set(cfg.methods) if any(o.split("=", 1)[0].lstrip("+~") == "methods" for o in overrides) else set()
+    if cfg.drafter.path:
+        named.add("drafter")
+    return named

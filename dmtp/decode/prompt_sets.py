@@ -1,0 +1,52 @@
+"""The prompts `python -m dmtp.infer` decodes: the embedded held-out documents, a named eval set, and
+fitting them to the target's position limit."""
+from __future__ import annotations
+
+
+def embedded_prompts(tokenizer, domains, num_prompts: int, prompt_tokens: int) -> dict[str, list[list[int]]]:
+    """Held-out prompts: `num_prompts` prompts of `prompt_tokens` tokens per domain from the test split,
+    spread over it (dmtp.data.prompts)."""
+    from dmtp.data.prompts import held_out_prompts
+
+    return {domain: held_out_prompts(tokenizer, domain, "test", num_prompts, prompt_tokens) for domain in domains}
+
+
+def eval_set_prompts(tokenizer, name: str, path: str, num_prompts: int) -> tuple[list, dict[str, list[list[int]]]]:
+    """A named eval set's first `num_prompts` requests and their first-turn prompts (completion-style sets,
+    HumanEval and the plain `prompts` set, are continued as written; the others go through the chat template)."""
+    from dmtp.data.evalsets import build_turn_prompts, load_eval_set
+
+    if not path:
+        raise ValueError(f"eval.name={name} needs eval.path (a local file or directory)")
+    requests = load_eval_set(name, path, limit=num_prompts)
+    return requests, {name: [build_turn_prompts(tokenizer, r, [], use_raw_prompt=True) for r in requests]}
+
+
+def prompt_limit(target, max_new_tokens: int, block: int) -> tuple[int | None, str]:
+    """The longest prompt the target can take: its position limit minus the new tokens and one verify
+    block (a round may run up to a block past the budget). -> (limit or None if unknown, explanation)."""
+    positions = getattr(target.config, "max_position_embeddings", None)
+    if not positions:
+        return None, ""
+    why = f"{positions} positions (max_position_embeddings) - max_new_tokens {max_new_tokens} - a verify block of {block}"
+    if positions - max_new_tokens - block < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt on {target.path}: {why}")
+    return positions - max_new_tokens - block, why
+
+
+def fit_prompts(workloads: dict[str, list[list[int]]], limit: int | None, why: str,
+                truncate: str | None) -> dict[str, list[list[int]]]:
+    """Refuse a prompt longer than `limit`, naming it, or (eval.truncate=left) keep its last `limit` tokens."""
+    if limit is None:
+        return workloads
+    fitted, cut = {}, 0
+    for name, prompts in workloads.items():
+        for i, prompt in enumerate(prompts):
+            if len(prompt) > limit and truncate != "left":
+                raise ValueError(f"prompt {i} of {name} has {len(prompt)} tokens; the target takes at most {limit} "
+                                 f"({why}); shorten it, or pass eval.truncate=left to keep its last {limit} tokens")
+        fitted[name] = [p[-limit:] for p in prompts]
+        cut += sum(len(p) > limit for p in prompts)
+    if cut:
+        print(f"[dmtp] eval.truncate=left: kept the last {limit} tokens of {cut} prompt(s)")
+    return fitted

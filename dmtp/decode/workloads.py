@@ -1,0 +1,65 @@
+"""Run several decoders over several prompt workloads and summarise them side by side."""
+from __future__ import annotations
+
+from dmtp.decode.loop import DecodeResult, SamplingConfig, SpecDecoder
+
+def decode_workloads(decoders: dict[str, SpecDecoder], workloads: dict[str, list[list[int]]], *, max_new_tokens: int,
+                     sampling: SamplingConfig, batch_size: int, seed: int = 0, warmup: bool = True,
+                     progress: bool = False, previous: dict | None = None) -> dict:
+    """Run every decoder on every workload. Returns {"workloads": {wl: {method: summary}},
+    "overall": {method: summary}, "results": {(wl, method): DecodeResult}}. With `previous` (an earlier
+    return value), the new workloads are added to it and "overall" covers all of them."""
+    per_wl: dict[str, dict] = dict(previous["workloads"]) if previous else {}
+    results = dict(previous["results"]) if previous else {}
+    for name, dec in decoders.items():
+        if warmup and previous is None:
+            first = next(iter(workloads.values()))
+            graphs = dec.fixed_shapes   # graphs / compiled stages: warm up (capture, compile) at the measured shapes
+            dec.generate(first[:batch_size], max_new_tokens=max_new_tokens if graphs else min(8, max_new_tokens),
+                         sampling=sampling, batch_size=batch_size, seed=seed)
+        for wl, prompts in workloads.items():
+            res = dec.generate(prompts, max_new_tokens=max_new_tokens, sampling=sampling, batch_size=batch_size,
+                               seed=seed, progress=progress)
+            results[(wl, name)] = res
+            per_wl.setdefault(wl, {})[name] = res.summary()
+    overall = {name: _merge([results[(wl, name)] for wl in per_wl]) for name in decoders}
+    return {"workloads": per_wl, "overall": overall, "results": results}
+
+
+def _merge(results) -> dict:
+    """One summary over several workloads' results (acceptance pooled over requests, times summed)."""
+    first = results[0]
+    stage_tot: dict[str, float] = {}
+    rounds = 0
+    for r in results:
+        for k, v in r.stage_ms.items():
+            stage_tot[k] = stage_tot.get(k, 0.0) + v * r.counted_rounds
+        rounds += r.counted_rounds
+    merged = DecodeResult(first.method, first.num_candidates, [t for r in results for t in r.tokens],
+                          [a for r in results for a in r.accepted], [a for r in results for a in r.accepted_raw],
+                          [p for r in results for p in r.prompt_lengths], sum(r.wall_s for r in results),
+                          sum(r.prefill_s for r in results), [t for r in results for t in r.ttft_s],
+                          {k: v / rounds for k, v in stage_tot.items()} if rounds else {}, rounds,
+                          sum(r.batches for r in results), first.sampling, dict(first.extra))
+    return merged.summary()
+
+
+def add_comparisons(metrics: dict, baseline: str = "ar", greedy: bool = True) -> None:
+    """Speedups against the AR baseline and (greedy) whether every method reproduced its output."""
+    results = metrics["results"]
+    workloads = list(metrics["workloads"])
+    for scope in [*(("wl", wl) for wl in workloads), ("overall", None)]:
+        table = metrics["workloads"][scope[1]] if scope[0] == "wl" else metrics["overall"]
+        base = table.get(baseline)
+        for name, s in table.items():
+            if base and base.get("tokens_per_s"):
+                s["speedup_vs_ar"] = s["tokens_per_s"] / base["tokens_per_s"]
+            if greedy and baseline in {m for (_, m) in results}:
+                wls = workloads if scope[0] == "overall" else [scope[1]]
+                same = total = 0
+                for wl in wls:
+                    ref = results[(wl, baseline)].tokens
+                    mine = results[(wl, name)].tokens
+                    same += sum(a == b for a, b in zip(ref, mine))
+                    total += len(ref)
+                s["matches_ar"] = same / total if total else None

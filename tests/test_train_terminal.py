@@ -1,0 +1,72 @@
+"""What `python -m dmtp.train` shows: the per-domain walk table (its place at the end of a run is checked
+in test_regenerate), the progress bar in steps, and none of the known-harmless library messages
+(filtered by message only)."""
+from __future__ import annotations
+
+import logging
+import warnings
+from types import SimpleNamespace
+
+import pytest
+
+from dmtp.quiet import quiet_known_warnings
+from dmtp.training.progress import step_description
+from dmtp.training.walk_table import walk_rows, walk_table
+
+
+def _record():
+    record = {"method": "dual_anchor_zero_init", "global_step": 1200, "val/code/loss": 1.0}
+    for domain, tau in (("prose", 2.5), ("code", 4.0)):
+        record.update({f"walk/{domain}/tau": tau, f"walk/{domain}/t1_accept": tau / 5,
+                       **{f"walk/{domain}/p_len_ge_{k}": 1 / k for k in range(1, 8)}})
+    return record
+
+
+def test_walk_table_has_one_row_per_domain():
+    rows = walk_rows(_record())
+    assert [r["domain"] for r in rows] == ["code", "prose"]
+    assert rows[0] == {"domain": "code", "tau": 4.0, "t1_accept": 0.8, "P(L>=2)": 0.5, "P(L>=4)": 0.25,
+                       "P(L>=7)": 1 / 7}
+    text = walk_table(_record())
+    assert "dual_anchor_zero_init at step 1200" in text and "P(L>=4)" in text
+    assert walk_table({"method": "x", "global_step": 3}) is None   # no walk ran (model.val_walk=false)
+
+
+def test_progress_bar_counts_steps():
+    assert step_description(SimpleNamespace(max_steps=1200, global_step=37, current_epoch=0)) == "step 37/1200"
+    assert step_description(SimpleNamespace(max_steps=-1, global_step=5, current_epoch=2)) == "step 5 (epoch 2)"
+
+
+@pytest.mark.parametrize("message", ["Found 88 module(s) in eval mode at the start of training.",
+                                     "`isinstance(treespec, LeafSpec)` is deprecated, use ... instead."])
+def test_known_warnings_are_dropped_and_others_kept(message):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with quiet_known_warnings():
+            warnings.warn(message, UserWarning)
+            warnings.warn("something else went wrong", UserWarning)
+    assert [str(w.message) for w in caught] == ["something else went wrong"]
+
+
+@pytest.mark.parametrize("logger_name,message", [
+    ("transformers.tokenization_utils_base", "Token indices sequence length is longer than the specified maximum "
+                                             "sequence length for this model (900 > 512)."),
+    ("lightning.pytorch.utilities.rank_zero", "💡 Tip: For seamless cloud logging and experiment tracking, try "
+                                              "installing [litlogger](https://pypi.org/project/litlogger/)"),
+])
+def test_known_log_lines_are_dropped_and_others_kept(logger_name, message):
+    logger = logging.getLogger(logger_name)
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger.addHandler(handler)
+    level, logger.level = logger.level, logging.INFO
+    try:
+        with quiet_known_warnings():
+            logger.warning(message)
+            logger.warning("a real problem")
+        logger.warning(message)   # outside the commands nothing is filtered
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert seen == ["a real problem", message]
