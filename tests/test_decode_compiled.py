@@ -76,3 +76,17 @@ def test_inductor_compiled_decoding_matches_eager():
     assert res.tokens == ref.tokens
     assert res.extra["compile_s"] > 0 and res.extra["compiled"]
     assert len({t for toks in res.tokens for t in toks}) > 3   # not a degenerate repetition
+
+
+def test_inductor_compiled_acceptance_equals_eager(micro_target, micro_mtp):
+    """Not only the tokens: every round accepts what the eager loop accepts. (Stages compiled one by one
+    with inductor once lost acceptance across stage boundaries while the tokens stayed exact; the
+    compiled path now runs the round as one program.)"""
+    prompts = _prompts()[:3]
+    proposer = build_proposer("mtp415", micro_target, mtp=micro_mtp)
+    ref = SpecDecoder(micro_target, proposer, eos_token_id=[]).generate(prompts, max_new_tokens=24, batch_size=1)
+    res = SpecDecoder(micro_target, proposer, eos_token_id=[], compile=True).generate(prompts, max_new_tokens=24,
+                                                                                  batch_size=1)
+    assert res.extra["compiled"]
+    assert sum(map(sum, ref.accepted)) > 0   # the MTP's drafts are accepted now and then
+    assert res.tokens == ref.tokens and res.accepted == ref.accepted

@@ -2,9 +2,13 @@
 
 On CPU a round of a tiny model is a few thousand small kernels, so per-op overhead is what it costs;
 inductor fuses the elementwise chains (norms, RoPE, masks, the accept step) into a few generated C++
-kernels per stage. `SpecDecoder(..., compile=True)` hands `CompiledRound` the round's stages (the same
+kernels. `SpecDecoder(..., compile=True)` hands `CompiledRound` the round's stages (the same
 no-argument functions the eager loop and `RoundGraphs` run) for one batch size, cache length and
 sampling mode, like a graph capture:
+
+The loop compiles the whole round as one program (granularity "round"): compiled stage by stage,
+inductor's programs lost acceptance across the stage boundaries on trained drafters (tokens still exact;
+not isolated further), and one program also has the fewest entries and guards.
 
 1. `warm_up` compiles every stage by running it (twice: the first call compiles, the second checks
    that nothing recompiles) and restores the state the warm-up mutated (`reset`, the loop's snapshot of
@@ -55,7 +59,7 @@ class CompiledRound:
     eagerly, with a warning, as a stage that syncs does under CUDA graphs; the others replay without
     re-evaluating their guards."""
 
-    def __init__(self, stages: list[Stage], granularity: str = "stage", backend: str = "inductor"):
+    def __init__(self, stages: list[Stage], granularity: str = "round", backend: str = "inductor"):
         if granularity not in ("stage", "round"):
             raise ValueError(f"granularity must be 'stage' or 'round', got {granularity!r}")
         _raise_recompile_limit()

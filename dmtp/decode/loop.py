@@ -514,7 +514,10 @@ class SpecDecoder:
             return RoundGraphs(stages, granularity=self.graph_granularity).capture(reset=reset)
         from dmtp.decode.compiled import CompiledRound
 
-        program = CompiledRound(stages, granularity=self.graph_granularity, backend=self.compile_backend)
+        # One program for the whole round, never one per stage: with stages compiled one by one, inductor
+        # lost acceptance across the stage boundaries (the drafts degraded, the tokens stayed exact), a
+        # miscompilation we measured and did not isolate (tests/test_decode_compiled.py checks both).
+        program = CompiledRound(stages, granularity="round", backend=self.compile_backend)
         program.warm_up(reset=reset)
         self.compile_s += program.compile_s
         return program
