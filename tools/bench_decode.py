@@ -248,7 +248,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--no-cuda-graphs", action="store_true")
     ap.add_argument("--compile", choices=["off", "on", "both"], default="off",
-                    help="CPU: torch.compile the round stages (on), or decode every method both eagerly and compiled "
+                    help="CPU: torch.compile the round (on), or decode every method both eagerly and compiled "
                          "(both: '<method> compiled' rows); compile time is reported apart")
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers generate() baseline")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")

@@ -204,8 +204,8 @@ class SpecDecoder:
     """One decoding loop over a target runner and a proposer (see module docstring).
 
     cuda_graphs: on a CUDA device, capture each round's stages per batch bucket (`graphs.py`) and
-    replay them; ignored elsewhere. compile: where no graphs run (CPU), `torch.compile` each stage
-    per batch bucket (`compiled.py`; True = inductor, or the name of another torch.compile backend,
+    replay them; ignored elsewhere. compile: where no graphs run (CPU), `torch.compile` the round's
+    stages as one program per batch bucket (`compiled.py`; True = inductor, or the name of another torch.compile backend,
     e.g. "aot_eager" to check the protocol without code generation); the compile time is reported
     apart (`extra["compile_s"]`).
     Otherwise the stages run eagerly, over the live span of the caches (`SPAN_STEP`). time_stages:
