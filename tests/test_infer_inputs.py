@@ -2,41 +2,18 @@
 the drafter picked when none is given (the newest trained for the target being decoded)."""
 from __future__ import annotations
 
-import importlib
 import json
 import os
-import sys
 import time
 
 import pytest
-from hydra.core.global_hydra import GlobalHydra
 
+from cli_runner import infer_cli
 from dmtp.configs import compose_config
 from dmtp.data.evalsets import load_eval_set
 from dmtp.decode.drafters import NO_DRAFTER_MESSAGE, find_latest_drafter, no_drafter_for
 from dmtp.injection.io import fresh_drafter_for, save_dmtp_drafter
 from dmtp.models.target import load_tokenizer
-
-HYDRA_QUIET = ["hydra/job_logging=none", "hydra/hydra_logging=none", "hydra.output_subdir=null"]
-
-
-def infer_cli(args, run_dir, monkeypatch, capsys) -> tuple[int, str, str]:
-    """`python -m dmtp.infer <args>` in this process: (exit status, last stderr line, stdout)."""
-    monkeypatch.setattr(sys, "argv", ["dmtp.infer", "progress=false", "warmup=false", *args,
-                                      f"hydra.run.dir={run_dir}", *HYDRA_QUIET])
-    monkeypatch.setenv("HYDRA_MAIN_MODULE", "__main__")
-    capsys.readouterr()
-    try:
-        importlib.import_module("dmtp.infer").main()
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    finally:
-        GlobalHydra.instance().clear()
-    out, err = capsys.readouterr()
-    lines = err.strip().splitlines()
-    return code, lines[-1] if lines else "", out
-
 
 def _save_drafter(target, path, trained_for):
     save_dmtp_drafter(path, *fresh_drafter_for(target, "dual_anchor_zero_init", 3), target=str(trained_for))

@@ -6,20 +6,18 @@ the printed line are what a user meets) instead of paying a Python start-up per 
 """
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from safetensors.torch import load_file, save_file
 
+from cli_runner import infer_cli, run_command
 from dmtp.configs import CONF_DIR, compose_train
 from dmtp.injection.io import fresh_drafter_for, load_dmtp_drafter, save_dmtp_drafter
 from dmtp.models.drafter import DFlashConfig, DFlashDrafter, save_drafter
@@ -29,34 +27,11 @@ from dmtp.training.guards import NonFiniteError
 from dmtp.training.datamodule import read_records
 
 QUIET = ["model.val_walk=false", "trainer.enable_progress_bar=false"]
-HYDRA_QUIET = ["hydra/job_logging=none", "hydra/hydra_logging=none", "hydra.output_subdir=null"]
-
-
-def cli(module: str, args: list[str], run_dir: Path, monkeypatch, capsys) -> tuple[int, str, str]:
-    """`python -m <module> <args>`, in this process: (exit status, last stderr line, stdout)."""
-    monkeypatch.setattr(sys, "argv", [module, *args, f"hydra.run.dir={run_dir}", *HYDRA_QUIET])
-    # As under `python -m`: Hydra finds conf/ relative to the command's file, not its package.
-    monkeypatch.setenv("HYDRA_MAIN_MODULE", "__main__")
-    capsys.readouterr()
-    try:
-        importlib.import_module(module).main()
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    finally:
-        GlobalHydra.instance().clear()
-    out, err = capsys.readouterr()
-    lines = err.strip().splitlines()
-    return code, lines[-1] if lines else "", out
 
 
 def train_cli(args, run_dir, monkeypatch, capsys):
-    return cli("dmtp.train", ["debug=tiny_budget", "logger=none", "callbacks=none", "data.max_examples=40", *QUIET,
+    return run_command("dmtp.train", ["debug=tiny_budget", "logger=none", "callbacks=none", "data.max_examples=40", *QUIET,
                               *args], run_dir, monkeypatch, capsys)
-
-
-def infer_cli(args, run_dir, monkeypatch, capsys):
-    return cli("dmtp.infer", ["progress=false", "warmup=false", *args], run_dir, monkeypatch, capsys)
 
 
 def _drafter_dir(target, path, name="dual_anchor_zero_init", trained_for=None):

@@ -231,6 +231,18 @@ def hf_generate(target, prompts, max_new_tokens: int, batch_size: int, eos: int 
     return {"tokens": outputs, "output_tokens": n, "wall_s": wall, "tokens_per_s": throughput(n, wall)}
 
 
+def load_target(path: str | None, preset: str, device, dtype):
+    """The benchmarks' target: a checkpoint directory, else the embedded preset (built on first use).
+    -> (path, TargetModel, tokenizer)."""
+    from dmtp.models.target import TargetModel, load_tokenizer
+
+    if path is None:
+        from dmtp.tiny.targets import ensure_tiny_target
+
+        path = str(ensure_tiny_target(preset))
+    return path, TargetModel.from_pretrained(path, dtype=dtype, device=device), load_tokenizer(path)
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=None, help="target checkpoint dir (default: the embedded --preset)")
@@ -269,20 +281,12 @@ def main(argv=None) -> dict:
               "pass --temperature 1 to compare them")
 
     from dmtp.models.mtp_loading import load_native_mtp
-    from dmtp.models.target import TargetModel, load_tokenizer
 
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    if args.target:
-        path = args.target
-    else:
-        from dmtp.tiny.targets import ensure_tiny_target
-
-        path = str(ensure_tiny_target(args.preset))
-    target = TargetModel.from_pretrained(path, dtype=dtype, device=device)
-    tok = load_tokenizer(path)
+    path, target, tok = load_target(args.target, args.preset, device, dtype)
     mtp = load_native_mtp(path, target.embed_tokens, target.lm_head)
     eos = tok.eos_token_id
 

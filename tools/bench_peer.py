@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_decode import hf_generate  # noqa: E402
+from bench_decode import hf_generate, load_target  # noqa: E402
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer  # noqa: E402
 from dmtp.decode.drafters import find_latest_drafter, load_drafter_for  # noqa: E402
 from dmtp.decode.prompt_sets import embedded_prompts  # noqa: E402
@@ -120,19 +120,11 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
 
     from dmtp.models.mtp_loading import load_native_mtp
-    from dmtp.models.target import TargetModel, load_tokenizer
 
     if args.threads:
         torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), torch.float32
-    if args.target:
-        path = args.target
-    else:
-        from dmtp.tiny.targets import ensure_tiny_target
-
-        path = str(ensure_tiny_target(args.preset))
-    target = TargetModel.from_pretrained(path, dtype=dtype, device=device)
-    tok = load_tokenizer(path)
+    path, target, tok = load_target(args.target, args.preset, device, dtype)
     eos = tok.eos_token_id
     latest = find_latest_drafter(target=path)   # the newest trained for this target
     drafter_dir = args.drafter or (str(latest) if latest else None)

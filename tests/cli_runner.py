@@ -1,0 +1,34 @@
+"""Run a dmtp command's real `main` in the test process, as `python -m <module> <args>` would: the exit
+status and the printed line are what a user meets, without a Python start-up per case."""
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+from hydra.core.global_hydra import GlobalHydra
+
+HYDRA_QUIET = ["hydra/job_logging=none", "hydra/hydra_logging=none", "hydra.output_subdir=null"]
+
+
+def run_command(module: str, args: list[str], run_dir: Path, monkeypatch, capsys) -> tuple[int, str, str]:
+    """`python -m <module> <args>`, in this process: (exit status, last stderr line, stdout)."""
+    monkeypatch.setattr(sys, "argv", [module, *args, f"hydra.run.dir={run_dir}", *HYDRA_QUIET])
+    # As under `python -m`: Hydra finds conf/ relative to the command's file, not its package.
+    monkeypatch.setenv("HYDRA_MAIN_MODULE", "__main__")
+    capsys.readouterr()
+    try:
+        importlib.import_module(module).main()
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    finally:
+        GlobalHydra.instance().clear()
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    return code, lines[-1] if lines else "", out
+
+
+def infer_cli(args, run_dir, monkeypatch, capsys) -> tuple[int, str, str]:
+    """`python -m dmtp.infer <args>` without progress bars or warm-up."""
+    return run_command("dmtp.infer", ["progress=false", "warmup=false", *args], run_dir, monkeypatch, capsys)
