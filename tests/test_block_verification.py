@@ -270,24 +270,22 @@ METHODS = ["mtp415", "raw_dflash", "dual_anchor_zero_init", "dual_anchor_zero_in
 
 
 def _dflash2_drafter(target, name: str):
-    from dmtp.injection.io import make_injection
-    from dmtp.models.drafter_factory import build_drafter
+    from dmtp.block_drafter import build_block_drafter
 
     torch.manual_seed(3)
-    inj = make_injection(name, target.config.hidden_size, 1, 3)
-    drafter = build_drafter(target, inj.context_dim, 3, num_layers=1, num_target_features=1, architecture="dflash2",
-                            selector_rank=8, selector_top_k=4)
+    drafter = build_block_drafter(target, name, 3, num_layers=1, num_target_features=1, architecture="dflash2",
+                                  selector_rank=8, selector_top_k=4)
     with torch.no_grad():
-        drafter.candidate_selector.successor_codebook.normal_(std=0.5)   # make the selector matter
-    return drafter.eval(), inj.eval()
+        drafter.backbone.candidate_selector.successor_codebook.normal_(std=0.5)   # make the selector matter
+    return drafter.eval()
 
 
 def _proposer(method: str, target, mtp):
     if method in ("ar", "mtp415"):
         return build_proposer(method, target, mtp=mtp)
     name, _, arch = method.partition("+")
-    drafter, inj = _dflash2_drafter(target, name) if arch == "dflash2" else _drafter(target, name)
-    return build_proposer("drafter", target, mtp=mtp, drafter=drafter, injection=inj)
+    drafter = _dflash2_drafter(target, name) if arch == "dflash2" else _drafter(target, name)
+    return build_proposer("drafter", target, mtp=mtp, drafter=drafter)
 
 
 SAMPLINGS = [SamplingConfig(temperature=1.0, top_k=4, verification="block"),

@@ -9,15 +9,15 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
+from dmtp.block_drafter import fresh_drafter_for
 from dmtp.decode.compare import compare_methods as run
 from dmtp.decode.drafters import NO_DRAFTER_MESSAGE, find_latest_drafter
-from dmtp.injection.io import fresh_drafter_for, save_dmtp_drafter
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
 
 def _save_drafter(target, path, name="dual_anchor_zero_init"):
-    save_dmtp_drafter(path, *fresh_drafter_for(target, name, 3))
+    fresh_drafter_for(target, name, 3).save(path)
     return path
 
 

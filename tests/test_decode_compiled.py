@@ -10,8 +10,8 @@ import time
 import pytest
 import torch
 
+from dmtp.block_drafter import fresh_drafter_for
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
-from dmtp.injection.io import fresh_drafter_for
 
 
 def _prompts():
@@ -21,8 +21,8 @@ def _prompts():
 def _proposer(target, mtp, method):
     if method == "ar":
         return build_proposer("ar", target)
-    drafter, injection = fresh_drafter_for(target, method, 3, seed=0, perturb=0.05)
-    return build_proposer("drafter", target, mtp=mtp, drafter=drafter, injection=injection, name=method)
+    drafter = fresh_drafter_for(target, method, 3, seed=0, perturb=0.05)
+    return build_proposer("drafter", target, mtp=mtp, drafter=drafter, name=method)
 
 
 @pytest.mark.parametrize("method", ["dual_anchor_zero_init"])

@@ -3,9 +3,9 @@ capture protocol itself: warm-up rounds followed by a state restore leave decodi
 import pytest
 import torch
 
+from dmtp.block_drafter import fresh_drafter_for
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
 from dmtp.decode.target_runner import FastTargetRunner, flash_attn_available
-from dmtp.injection.io import fresh_drafter_for
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -14,15 +14,14 @@ PROMPTS = [[17, 45, 300, 12, 9, 81, 77, 5, 40], [210, 11, 61, 400, 8], [33, 90, 
 
 
 def _drafter(target, name, device="cpu", dtype=torch.float32):
-    drafter, inj = fresh_drafter_for(target, name, 3, perturb=0.05)
-    return drafter.to(device, dtype), inj.to(device, dtype)
+    return fresh_drafter_for(target, name, 3, perturb=0.05).to(device, dtype)
 
 
 def _proposer(target, mtp, method, device="cpu", dtype=torch.float32):
     if method in ("ar", "mtp415"):
         return build_proposer(method, target, mtp=mtp)
-    drafter, inj = _drafter(target, method, device, dtype)
-    return build_proposer("drafter", target, mtp=mtp, drafter=drafter, injection=inj, name=method)
+    drafter = _drafter(target, method, device, dtype)
+    return build_proposer("drafter", target, mtp=mtp, drafter=drafter, name=method)
 
 
 # -- CPU: the capture protocol (warm-up + restore) with an eager stand-in for the graphs -------------

@@ -3,10 +3,10 @@ acceptance, KV rollback, and the loop's drafter/MTP state against a teacher-forc
 import pytest
 import torch
 
+from dmtp.block_drafter import fresh_drafter_for
 from dmtp.data.corpora import documents
 from dmtp.decode import DrafterProposer, ScriptedProposer, SpecDecoder, build_proposer
 from dmtp.injection import VARIANTS
-from dmtp.injection.io import fresh_drafter_for
 from dmtp.models.target import load_tokenizer
 
 MAX_NEW = 32
@@ -77,8 +77,8 @@ def test_mask_token_id(tokenizer):
 
 def _decoder(target, mtp, method, eos):
     if method in VARIANTS:
-        drafter, injection = make_drafter(target, method)
-        proposer = build_proposer("drafter", target, mtp=mtp, drafter=drafter, injection=injection, name=method)
+        drafter = make_drafter(target, method)
+        proposer = build_proposer("drafter", target, mtp=mtp, drafter=drafter, name=method)
     else:
         proposer = build_proposer(method, target, mtp=mtp)
     return SpecDecoder(target, proposer, eos_token_id=eos)
@@ -105,8 +105,8 @@ def test_greedy_is_lossless(micro_target, micro_mtp, prompts, eos_and_refs, meth
 
 def test_recompute_runner_is_lossless(micro_target, micro_mtp, prompts, eos_and_refs):
     eos, refs = eos_and_refs
-    drafter, injection = make_drafter(micro_target, "dual_anchor_zero_init")
-    proposer = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter, injection=injection)
+    drafter = make_drafter(micro_target, "dual_anchor_zero_init")
+    proposer = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter)
     dec = SpecDecoder(micro_target, proposer, eos_token_id=eos, runner="recompute")
     assert dec.runner.kind == "recompute"
     assert dec.generate(prompts[:4], max_new_tokens=MAX_NEW, batch_size=2).tokens == refs[:4]
@@ -189,8 +189,9 @@ class _Recording(DrafterProposer):
         return stages
 
 
-def _teacher_forced_logits(target, mtp, drafter, injection, seq, a):
+def _teacher_forced_logits(target, mtp, drafter, seq, a):
     """Drafter logits at anchor a from one teacher-forced pass over the final sequence."""
+    injection = drafter.injection
     ids = torch.tensor([seq])
     layer_ids = drafter.config.target_layer_ids
     out = target(ids, layer_ids=layer_ids)
@@ -200,7 +201,7 @@ def _teacher_forced_logits(target, mtp, drafter, injection, seq, a):
     ctx_kv = drafter.context_kv(drafter.project_context(ctx), ctx_pos)
     h = g[:, a]
     t1 = mtp.logits(h).argmax(-1) if injection.uses_mtp else None
-    embed = lambda x: drafter.embed_noise(x, target.embed_tokens.weight)  # noqa: E731
+    embed = lambda x: drafter.embed(x, target.embed_tokens.weight)  # noqa: E731
     slots = injection.build_slots(embed, ids[:, a], t1, h if injection.uses_mtp else None)
     positions = injection.slot_positions(torch.tensor([a]))
     limit = torch.full_like(positions, a)
@@ -211,8 +212,8 @@ def _teacher_forced_logits(target, mtp, drafter, injection, seq, a):
 
 @pytest.mark.parametrize("name", ["dual_anchor_zero_init", "context_fusion", "mtp_context_only", "raw_dflash"])
 def test_drafter_state_matches_teacher_forcing(micro_target, micro_mtp, prompts, name):
-    drafter, injection = make_drafter(micro_target, name, perturb=True)
-    proposer = _Recording(drafter, injection, micro_target.embed_tokens.weight, micro_target.lm_head.weight,
+    drafter = make_drafter(micro_target, name, perturb=True)
+    proposer = _Recording(drafter, micro_target.embed_tokens.weight, micro_target.lm_head.weight,
                           mtp=micro_mtp)
     dec = SpecDecoder(micro_target, proposer, eos_token_id=[])
     batch = [prompts[0], prompts[4], prompts[7]]
@@ -225,7 +226,7 @@ def test_drafter_state_matches_teacher_forcing(micro_target, micro_mtp, prompts,
                     continue
                 seq = p + res.tokens[b]
                 a = int(anchor_pos[b])
-                tf_t1, tf_logits = _teacher_forced_logits(micro_target, micro_mtp, drafter, injection, seq, a)
+                tf_t1, tf_logits = _teacher_forced_logits(micro_target, micro_mtp, drafter, seq, a)
                 if tf_t1 is not None:
                     assert int(t1[b]) == int(tf_t1)
                 torch.testing.assert_close(logits[b], tf_logits, atol=1e-4, rtol=1e-4)

@@ -2,12 +2,11 @@
 readable reference round (dmtp/decode/reference.py: full-context forwards, one request at a time):
 the same tokens and the same accepted length in every round, for every method."""
 import pytest
-import torch
 
+from dmtp.block_drafter import fresh_drafter_for
 from dmtp.decode import SpecDecoder, build_proposer
 from dmtp.decode.reference import reference_generate, reference_proposal
 from dmtp.injection import VARIANTS
-from dmtp.injection.io import fresh_drafter_for
 
 MAX_NEW = 24
 PROMPTS = [[17, 45, 300, 12, 9, 81, 77, 5, 40], [210, 11, 61, 400, 8], [33, 90, 120, 7, 64, 15, 300],
@@ -22,8 +21,8 @@ METHODS = {"ar": {}, "mtp415": {}, **{name: {} for name in VARIANTS},
 def _proposer(target, mtp, method):
     name = method.split("@")[0]
     if name in VARIANTS:   # a random drafter whose injected paths all matter (perturbed zero-init weights)
-        drafter, injection = fresh_drafter_for(target, name, 3, perturb=0.05, **METHODS[method])
-        return build_proposer("drafter", target, mtp=mtp, drafter=drafter, injection=injection, name=name)
+        drafter = fresh_drafter_for(target, name, 3, perturb=0.05, **METHODS[method])
+        return build_proposer("drafter", target, mtp=mtp, drafter=drafter, name=name)
     return build_proposer(method, target, mtp=mtp)
 
 

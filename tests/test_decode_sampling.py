@@ -8,10 +8,10 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from dmtp.block_drafter import fresh_drafter_for
 from dmtp.data.corpora import documents
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
 from dmtp.decode.verify import probs_from_logits
-from dmtp.injection.io import fresh_drafter_for
 from dmtp.models.target import load_tokenizer
 
 N_SAMPLES = 1000
@@ -68,8 +68,8 @@ def test_speculative_sampling_matches_target_distribution(micro_target, micro_mt
     if method in ("ar", "mtp415"):
         proposer = build_proposer(method, micro_target, mtp=micro_mtp)
     else:
-        drafter, inj = _drafter(micro_target, method)
-        proposer = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter, injection=inj)
+        drafter = _drafter(micro_target, method)
+        proposer = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter)
     dec = SpecDecoder(micro_target, proposer, eos_token_id=[])
     res = dec.generate([prompt] * N_SAMPLES, max_new_tokens=STEPS, sampling=sampling, batch_size=250, seed=123)
     seqs = [tuple(t) for t in res.tokens]

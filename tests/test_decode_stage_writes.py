@@ -4,11 +4,11 @@ snapshot copies what the stages declare, so an undeclared write would survive a 
 import pytest
 import torch
 
+from dmtp.block_drafter import fresh_drafter_for
 from dmtp.decode import SamplingConfig, ScriptedProposer, SpecDecoder, build_proposer
 from dmtp.decode.stage import Stage, snapshot
 from dmtp.decode.stage_check import undeclared_writes
 from dmtp.injection import VARIANTS
-from dmtp.injection.io import fresh_drafter_for
 
 PROMPTS = [[17, 45, 300, 12, 9, 81, 77, 5, 40], [210, 11, 61, 400, 8]]
 MAX_NEW = 16
@@ -18,8 +18,8 @@ REJECTION = SamplingConfig(temperature=1.0, verification="rejection")   # the pr
 
 def _proposer(target, mtp, method, **options):
     if method in VARIANTS:
-        drafter, injection = fresh_drafter_for(target, method, 3, perturb=0.05, **options)
-        return build_proposer("drafter", target, mtp=mtp, drafter=drafter, injection=injection, name=method)
+        drafter = fresh_drafter_for(target, method, 3, perturb=0.05, **options)
+        return build_proposer("drafter", target, mtp=mtp, drafter=drafter, name=method)
     if method == "scripted":
         return ScriptedProposer([[5] * (MAX_NEW + 8)] * len(PROMPTS), vocab_size=target.config.vocab_size)
     return build_proposer(method, target, mtp=mtp)

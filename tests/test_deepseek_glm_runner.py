@@ -15,13 +15,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from dmtp.block_drafter import fresh_drafter_for
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
 from dmtp.decode.deepseek_runner import DeepseekV3TargetRunner, deepseek_runner_unsupported
 from dmtp.decode.glm_runner import Glm4MoeTargetRunner, glm_runner_unsupported
 from dmtp.decode.proposers import ScriptedProposer
 from dmtp.decode.runners import make_target_runner
 from dmtp.decode.target_runner import RecomputeTargetRunner
-from dmtp.injection.io import fresh_drafter_for
 from dmtp.models.moe import PerExpertSwiGLU
 from dmtp.models.mtp_loading import load_native_mtp
 from dmtp.models.target import TargetModel
@@ -205,8 +205,8 @@ def _proposer(family, method):
     target, mtp = family["target"], family["mtp"]
     if method in ("ar", "mtp415"):
         return build_proposer(method, target, mtp=mtp)
-    drafter, injection = fresh_drafter_for(target, method, mask_token_id=3, perturb=0.5)
-    return build_proposer("drafter", target, mtp=mtp, drafter=drafter, injection=injection, name=method)
+    drafter = fresh_drafter_for(target, method, mask_token_id=3, perturb=0.5)
+    return build_proposer("drafter", target, mtp=mtp, drafter=drafter, name=method)
 
 
 @pytest.mark.parametrize("method,batches", [("ar", (1, 8)), ("mtp415", (2, 8)), ("raw_dflash", (4, 8)),
@@ -364,9 +364,8 @@ def test_cuda_graphs_equal_eager(family, method, dtype):
         if method in ("ar", "mtp415"):
             proposer = build_proposer(method, target, mtp=mtp)
         else:
-            drafter, inj = fresh_drafter_for(target, method, 3, perturb=0.5)
-            proposer = build_proposer("drafter", target, mtp=mtp, drafter=drafter.to("cuda", dtype),
-                                      injection=inj.to("cuda", dtype))
+            drafter = fresh_drafter_for(target, method, 3, perturb=0.5)
+            proposer = build_proposer("drafter", target, mtp=mtp, drafter=drafter.to("cuda", dtype))
         dec = SpecDecoder(target, proposer, eos_token_id=[], cuda_graphs=graphs)
         assert dec.use_graphs == graphs and dec.runner.kind == family["name"]
         res[graphs] = dec.generate(prompts, max_new_tokens=NEW, batch_size=4)

@@ -392,7 +392,7 @@ def test_dflash2_config_composes_and_every_variant_trains():
         cfg = compose_train([f"injection={name}", "drafter=dflash2", "drafter.num_layers=1"])
         assert cfg.drafter.architecture == "dflash2"
         _, _, _, module = build_components(cfg)
-        drafter, inj = module.drafter, module.injection
+        drafter, inj = module.drafter.backbone, module.drafter.injection
         assert type(drafter) is DFlash2Drafter and drafter.config.conv_group_size == 16
         g = torch.Generator().manual_seed(0)
         ids = torch.randint(10, 400, (2, 48), generator=g)
@@ -426,15 +426,16 @@ def test_dflash2_config_composes_and_every_variant_trains():
 def sample_anchors_for(module, ids, mask, step):
     from dmtp.training.blocks import sample_anchors, valid_anchors
 
-    return sample_anchors(valid_anchors(module.injection, mask), module.num_anchors,
+    return sample_anchors(valid_anchors(module.drafter.injection, mask), module.num_anchors,
                           torch.Generator().manual_seed(step))
 
 
 @pytest.mark.parametrize("name", ["raw_dflash", "dual_anchor_zero_init"])
 def test_dflash2_decoding_is_lossless_and_uses_the_selector(micro_target, micro_mtp, name):
     """DFlash2 inside the one loop: exact greedy output at batch 1, 3 and 8, selector path included."""
+    from dmtp.block_drafter import BlockDrafter
     from dmtp.decode import SpecDecoder, build_proposer
-    from dmtp.injection.io import make_injection
+    from dmtp.injection.catalogue import make_injection
     from dmtp.models.dflash2 import DFlash2Drafter
     from dmtp.models.drafter import DFlashConfig, build_target_layer_ids
 
@@ -447,12 +448,12 @@ def test_dflash2_decoding_is_lossless_and_uses_the_selector(micro_target, micro_
                         target_layer_ids=ids, mask_token_id=3, context_dim=inj.context_dim,
                         conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=4)
     torch.manual_seed(0)
-    drafter = DFlash2Drafter(dcfg).eval()
+    drafter = BlockDrafter(DFlash2Drafter(dcfg), inj).eval()
     with torch.no_grad():
-        drafter.candidate_selector.successor_codebook.normal_(std=0.5)   # make the selector matter
+        drafter.backbone.candidate_selector.successor_codebook.normal_(std=0.5)   # make the selector matter
     prompts = [[5 + i, 40 + 3 * i, 77, 12 + i, 9] for i in range(8)]
     ref = SpecDecoder(micro_target, build_proposer("ar", micro_target)).generate(prompts, max_new_tokens=20)
-    proposer = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter, injection=inj)
+    proposer = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter)
     for batch in (1, 3, 8):
         res = SpecDecoder(micro_target, proposer).generate(prompts, max_new_tokens=20, batch_size=batch)
         assert res.tokens == ref.tokens

@@ -10,11 +10,11 @@ from collections import Counter
 import pytest
 import torch
 
+from dmtp.block_drafter import fresh_drafter_for
 from dmtp.decode import SamplingConfig, ScriptedProposer, SpecDecoder, build_proposer
 from dmtp.decode.hybrid_runner import HybridTargetRunner, hybrid_runner_unsupported, text_model
 from dmtp.decode.runners import make_target_runner
 from dmtp.decode.target_runner import RecomputeTargetRunner
-from dmtp.injection.io import fresh_drafter_for
 from dmtp.models import gdn_kernels
 from dmtp.models.gated_deltanet import GDNCache
 from dmtp.models.mtp_loading import load_native_mtp
@@ -58,9 +58,8 @@ def _proposer(method, target, mtp, refs=None):
         return ScriptedProposer(refs, corrupt_at=[1, None, 4, 2, None, 7, 1, 3], vocab_size=target.config.vocab_size)
     if method in ("ar", "mtp415"):
         return build_proposer(method, target, mtp=mtp)
-    drafter, injection = fresh_drafter_for(target, method, mask_token_id=3, perturb=0.5)
-    drafter, injection = drafter.to(target.device, target.dtype), injection.to(target.device, target.dtype)
-    return build_proposer("drafter", target, mtp=mtp, drafter=drafter, injection=injection, name=method)
+    drafter = fresh_drafter_for(target, method, mask_token_id=3, perturb=0.5).to(target.device, target.dtype)
+    return build_proposer("drafter", target, mtp=mtp, drafter=drafter, name=method)
 
 
 # -- greedy: identical to transformers' cached generate() ---------------------------------------------

@@ -9,14 +9,14 @@ import time
 import pytest
 
 from cli_runner import infer_cli
+from dmtp.block_drafter import fresh_drafter_for
 from dmtp.configs import compose_config
 from dmtp.data.evalsets import load_eval_set
 from dmtp.decode.drafters import NO_DRAFTER_MESSAGE, find_latest_drafter, no_drafter_for
-from dmtp.injection.io import fresh_drafter_for, save_dmtp_drafter
 from dmtp.models.target import load_tokenizer
 
 def _save_drafter(target, path, trained_for):
-    save_dmtp_drafter(path, *fresh_drafter_for(target, "dual_anchor_zero_init", 3), target=str(trained_for))
+    fresh_drafter_for(target, "dual_anchor_zero_init", 3).save(path, target=str(trained_for))
     return path
 
 

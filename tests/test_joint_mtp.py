@@ -67,13 +67,13 @@ def test_frozen_default_and_joint_training(tmp_path, micro_target_dir, micro_tar
         load_native_mtp(micro_target_dir, micro_target.embed_tokens, micro_target.lm_head, tuned=broken)
 
     # Decoding picks the tuned MTP up from the drafter's directory and stays lossless.
-    drafter, inj, _ = load_drafter_for(micro_target, joint_dir, torch.float32, "cpu")
+    drafter, _ = load_drafter_for(micro_target, joint_dir, torch.float32, "cpu")
     mtp = mtp_for_drafter(micro_target, micro_target_dir, joint_dir, load_native_mtp(
         micro_target_dir, micro_target.embed_tokens, micro_target.lm_head))
     assert torch.equal(mtp.fc.weight, joint.mtp.fc.weight)
     prompts = [[5 + i, 40 + 3 * i, 77, 12 + i, 9, 31] for i in range(3)]
     ar = SpecDecoder(micro_target, build_proposer("ar", micro_target), eos_token_id=[]).generate(prompts, 24)
-    res = SpecDecoder(micro_target, build_proposer("drafter", micro_target, mtp=mtp, drafter=drafter, injection=inj),
+    res = SpecDecoder(micro_target, build_proposer("drafter", micro_target, mtp=mtp, drafter=drafter),
                       eos_token_id=[]).generate(prompts, max_new_tokens=24, batch_size=2)
     assert res.tokens == ar.tokens
 
@@ -87,7 +87,7 @@ def test_the_block_loss_reaches_a_trained_mtp(name):
         torch.manual_seed(0)
         _, _, _, module = build_components(compose_train([f"injection={name}", f"model.train_mtp={joint}",
                                                           "model.mtp_loss_weight=0"]))
-        torch.nn.init.normal_(module.injection.fusion.proj.weight, std=0.1)
+        torch.nn.init.normal_(module.drafter.injection.fusion.proj.weight, std=0.1)
         ids = torch.randint(10, 400, (2, 48))
         loss, _, _ = module.block_loss(ids, torch.ones_like(ids), generator=torch.Generator().manual_seed(0))
         loss.backward()
@@ -119,10 +119,10 @@ def test_deepseek_layout_multi_step_joint_training_round_trip(tmp_path, micro_ta
     assert all(k.startswith(f"model.layers.{layer}.") for k in load_file(str(tuned)))
     reloaded = load_native_mtp(root, target.embed_tokens, target.lm_head, tuned=tuned)
     assert all(torch.equal(v, keep.module.mtp.state_dict()[k]) for k, v in reloaded.state_dict().items())
-    drafter, inj, _ = load_drafter_for(target, tmp_path / "train" / "drafter", torch.float32, "cpu",
-                                       options={"mtp_threshold": 0.3})
+    drafter, _ = load_drafter_for(target, tmp_path / "train" / "drafter", torch.float32, "cpu",
+                                  options={"mtp_threshold": 0.3})
     prompts = [[5 + i, 40 + 3 * i, 77, 12 + i, 9, 31] for i in range(2)]
     ar = SpecDecoder(target, build_proposer("ar", target), eos_token_id=[]).generate(prompts, 12)
-    res = SpecDecoder(target, build_proposer("drafter", target, mtp=reloaded, drafter=drafter, injection=inj),
+    res = SpecDecoder(target, build_proposer("drafter", target, mtp=reloaded, drafter=drafter),
                       eos_token_id=[]).generate(prompts, max_new_tokens=12, batch_size=2)
     assert res.tokens == ar.tokens

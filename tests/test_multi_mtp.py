@@ -6,9 +6,10 @@ from collections import Counter
 import pytest
 import torch
 
+from dmtp.block_drafter import BlockDrafter, fresh_drafter_for, load_block_drafter
 from dmtp.configs import compose_train
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
-from dmtp.injection.io import fresh_drafter_for, load_dmtp_drafter, make_injection, save_dmtp_drafter
+from dmtp.injection.catalogue import make_injection
 from dmtp.models.mtp_chain import TeacherChain
 from dmtp.training.job import build_components
 from dmtp.training.blocks import sample_anchors, valid_anchors
@@ -29,8 +30,8 @@ def _multi(target, perturb=True, **options):
     return fresh_drafter_for(target, "multi_mtp_zero_init", 3, seed=0, perturb=0.05 if perturb else 0.0, **options)
 
 
-def _decode(target, mtp, drafter, inj, prompts, eos, **kw):
-    proposer = build_proposer("drafter", target, mtp=mtp, drafter=drafter, injection=inj)
+def _decode(target, mtp, drafter, prompts, eos, **kw):
+    proposer = build_proposer("drafter", target, mtp=mtp, drafter=drafter)
     return SpecDecoder(target, proposer, eos_token_id=eos).generate(prompts, **kw)
 
 
@@ -44,7 +45,8 @@ def _recording_m(inj) -> list:
 def test_m1_is_dual_anchor_zero_init(micro_target, micro_mtp, prompts, refs):  # noqa: F811
     """Same weights, m fixed at 1: the same slots and, round by round, the same accepted counts."""
     eos = None
-    dual_drafter, dual = fresh_drafter_for(micro_target, "dual_anchor_zero_init", 3, seed=0, perturb=0.05)
+    dual_drafter = fresh_drafter_for(micro_target, "dual_anchor_zero_init", 3, seed=0, perturb=0.05)
+    dual = dual_drafter.injection
     multi = make_injection("multi_mtp_zero_init", micro_target.hidden_size, 1, 3, num_mtp_tokens=1).eval()
     multi.load_state_dict(dual.state_dict(), strict=True)
     embed = micro_target.embed_tokens
@@ -55,8 +57,9 @@ def test_m1_is_dual_anchor_zero_init(micro_target, micro_mtp, prompts, refs):  #
     # Three chained tokens, m = 1: the same slots (the fusion runs on 3 rows per block: rounding only).
     torch.testing.assert_close(multi.build_block(embed, anchor, tokens, hidden, torch.ones(2, dtype=torch.long)),
                                expected, atol=1e-6, rtol=1e-6)
-    a = _decode(micro_target, micro_mtp, dual_drafter, dual, prompts, eos, max_new_tokens=MAX_NEW, batch_size=4)
-    b = _decode(micro_target, micro_mtp, dual_drafter, multi, prompts, eos, max_new_tokens=MAX_NEW, batch_size=4)
+    multi_drafter = BlockDrafter(dual_drafter.backbone, multi)   # the same backbone, the multi-step injection
+    a = _decode(micro_target, micro_mtp, dual_drafter, prompts, eos, max_new_tokens=MAX_NEW, batch_size=4)
+    b = _decode(micro_target, micro_mtp, multi_drafter, prompts, eos, max_new_tokens=MAX_NEW, batch_size=4)
     assert a.tokens == b.tokens == refs
     assert a.accepted_raw == b.accepted_raw and any(x > 0 for r in a.accepted_raw for x in r)
 
@@ -103,7 +106,7 @@ def test_training_chain_is_decodings_chain(micro_target, micro_mtp):
 def test_training_samples_m_and_leaves_mtp_slots_unsupervised():
     cfg = compose_train(["injection=multi_mtp_zero_init"])
     _, _, _, module = build_components(cfg)
-    inj = module.injection
+    inj = module.drafter.injection
     m = inj.sample_num_mtp((4000,), torch.Generator().manual_seed(0))
     assert torch.bincount(m, minlength=4)[1:].min() > 1200 and int(m.min()) == 1 and int(m.max()) == 3
     ids = torch.randint(10, 400, (2, 48))
@@ -124,9 +127,9 @@ def test_training_samples_m_and_leaves_mtp_slots_unsupervised():
 @pytest.mark.parametrize("batch", [1, 4])
 def test_adaptive_m_is_lossless_and_varies_per_request(micro_target, micro_mtp, prompts, refs, batch):  # noqa: F811
     eos = None
-    drafter, inj = _multi(micro_target, mtp_threshold=THRESHOLD)
-    seen = _recording_m(inj)
-    res = _decode(micro_target, micro_mtp, drafter, inj, prompts, eos, max_new_tokens=MAX_NEW, batch_size=batch)
+    drafter = _multi(micro_target, mtp_threshold=THRESHOLD)
+    seen = _recording_m(drafter.injection)
+    res = _decode(micro_target, micro_mtp, drafter, prompts, eos, max_new_tokens=MAX_NEW, batch_size=batch)
     assert res.tokens == refs
     chosen = torch.cat(seen)
     assert set(chosen.tolist()) == {1, 2, 3}
@@ -135,13 +138,13 @@ def test_adaptive_m_is_lossless_and_varies_per_request(micro_target, micro_mtp, 
 
 
 def test_saved_options_and_decoding_overrides(tmp_path, micro_target):
-    drafter, inj = _multi(micro_target, mtp_threshold=0.6)
-    save_dmtp_drafter(tmp_path / "d", drafter, inj)
-    _, loaded, _ = load_dmtp_drafter(tmp_path / "d")
+    drafter = _multi(micro_target, mtp_threshold=0.6)
+    drafter.save(tmp_path / "d")
+    loaded = load_block_drafter(tmp_path / "d")[0].injection
     assert (loaded.mtp_threshold, loaded.mtp_steps, loaded.max_mtp_tokens) == (0.6, 3, 3)
-    _, fixed, _ = load_dmtp_drafter(tmp_path / "d", options={"mtp_threshold": None, "num_mtp_tokens": 2})
+    fixed = load_block_drafter(tmp_path / "d", options={"mtp_threshold": None, "num_mtp_tokens": 2})[0].injection
     assert (fixed.mtp_threshold, fixed.mtp_steps) == (None, 2)
-    assert torch.equal(fixed.fusion.proj.weight, inj.fusion.proj.weight)
+    assert torch.equal(fixed.fusion.proj.weight, drafter.injection.fusion.proj.weight)
 
 
 @pytest.mark.parametrize("options,match", [
@@ -165,10 +168,10 @@ def test_adaptive_m_keeps_the_target_distribution(micro_target, micro_mtp, token
     from dmtp.data.corpora import documents
 
     prompt = tokenizer(documents("prose", "test")[1].text[:200], add_special_tokens=False)["input_ids"][:10]
-    drafter, inj = fresh_drafter_for(micro_target, "multi_mtp_zero_init", 3, seed=3, mtp_threshold=0.2)
-    seen = _recording_m(inj)
+    drafter = fresh_drafter_for(micro_target, "multi_mtp_zero_init", 3, seed=3, mtp_threshold=0.2)
+    seen = _recording_m(drafter.injection)
     sampling = SamplingConfig(temperature=1.0, top_k=4, verification="block")
-    res = _decode(micro_target, micro_mtp, drafter, inj, [prompt] * N_SAMPLES, [], max_new_tokens=STEPS,
+    res = _decode(micro_target, micro_mtp, drafter, [prompt] * N_SAMPLES, [], max_new_tokens=STEPS,
                   sampling=sampling, batch_size=N_SAMPLES, seed=123)
     seqs = [tuple(t) for t in res.tokens]
     counts = Counter(seqs)

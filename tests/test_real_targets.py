@@ -18,12 +18,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from dmtp.block_drafter import fresh_drafter_for, load_block_drafter
 from dmtp.configs import compose_config, compose_train
 from dmtp.decode.hybrid_runner import HybridTargetRunner
 from dmtp.decode.loop import ScriptedProposer, SpecDecoder, build_proposer
 from dmtp.decode.runners import make_target_runner
 from dmtp.decode.compare import compare_methods as infer_run
-from dmtp.injection.io import fresh_drafter_for, load_dmtp_drafter
 from dmtp.models.mtp_loading import MTPLoadError, load_native_mtp
 from dmtp.models.target import TargetModel
 from dmtp.training.job import build_components, train
@@ -177,8 +177,8 @@ def test_family_trains_two_steps_and_decodes_losslessly(family_ckpt, tmp_path):
     summary = train(compose_train(_train_overrides(root), output_dir=tmp_path / "train"))
     assert summary["global_step"] == 2
     drafter_dir = tmp_path / "train" / "drafter"
-    _, injection, meta = load_dmtp_drafter(drafter_dir)
-    assert meta["injection"] == "dual_anchor_zero_init" and injection.uses_mtp
+    drafter, meta = load_block_drafter(drafter_dir)
+    assert meta["injection"] == "dual_anchor_zero_init" and drafter.injection.uses_mtp
 
     out = tmp_path / "infer"
     cfg = compose_config("infer", [f"target.path={root}", f"drafter.path={drafter_dir}", f"output_dir={out}",
@@ -225,10 +225,10 @@ def test_hybrid_target_is_exact_with_rejections(hybrid_target, method):
         proposer = ScriptedProposer(refs, corrupt_at=3, vocab_size=vocab)
     else:
         mtp = load_native_mtp(root, target.embed_tokens, target.lm_head)
-        drafter = injection = None
+        drafter = None
         if method == "drafter":
-            drafter, injection = fresh_drafter_for(target, "dual_anchor_zero_init", mask_token_id=3, perturb=0.5)
-        proposer = build_proposer(method, target, mtp=mtp, drafter=drafter, injection=injection)
+            drafter = fresh_drafter_for(target, "dual_anchor_zero_init", mask_token_id=3, perturb=0.5)
+        proposer = build_proposer(method, target, mtp=mtp, drafter=drafter)
     result = SpecDecoder(target, proposer, eos_token_id=None).generate(prompts, max_new_tokens=new)
     assert result.tokens == refs
     if method == "scripted":

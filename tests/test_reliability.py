@@ -18,8 +18,8 @@ from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file, save_file
 
 from cli_runner import infer_cli, run_command
+from dmtp.block_drafter import fresh_drafter_for, load_block_drafter
 from dmtp.configs import CONF_DIR, compose_train
-from dmtp.injection.io import fresh_drafter_for, load_dmtp_drafter, save_dmtp_drafter
 from dmtp.models.drafter import DFlashConfig, DFlashDrafter, save_drafter
 from dmtp.models.target import TargetModel
 from dmtp.training.job import build_components, train
@@ -37,7 +37,7 @@ def train_cli(args, run_dir, monkeypatch, capsys):
 def _drafter_dir(target, path, name="dual_anchor_zero_init", trained_for=None):
     """`trained_for`: the target path recorded in its config, as dmtp.train records it."""
     extra = {"target": str(trained_for)} if trained_for is not None else {}
-    save_dmtp_drafter(path, *fresh_drafter_for(target, name, 3), **extra)
+    fresh_drafter_for(target, name, 3).save(path, **extra)
     return path
 
 
@@ -114,11 +114,11 @@ def test_nan_loss_names_the_step_and_the_last_good_checkpoint(tmp_path):
 
 def test_nonfinite_drafter_is_neither_exported_nor_decoded(tmp_path, micro_target, micro_target_dir, monkeypatch,
                                                             capsys):
-    drafter, injection = fresh_drafter_for(micro_target, "dual_anchor_zero_init", 3)
+    drafter = fresh_drafter_for(micro_target, "dual_anchor_zero_init", 3)
     with torch.no_grad():
-        drafter.fc.weight[0, 0] = float("inf")
+        drafter.backbone.fc.weight[0, 0] = float("inf")
     with pytest.raises(ValueError, match="refusing to export .* tensor fc.weight has non-finite values"):
-        save_dmtp_drafter(tmp_path / "refused", drafter, injection)
+        drafter.save(tmp_path / "refused")
     assert not (tmp_path / "refused").exists()
     # A broken drafter written by something else: dmtp.infer refuses it by name.
     good = _drafter_dir(micro_target, tmp_path / "drafter")
@@ -361,7 +361,7 @@ def test_a_malicious_pickle_never_executes(tmp_path, micro_target, micro_target_
     TargetModel.from_pretrained(target)
     drafter = _drafter_dir(micro_target, tmp_path / "drafter")
     shutil.copy(evil, drafter / "pytorch_model.bin")
-    load_dmtp_drafter(drafter)
+    load_block_drafter(drafter)
     build_components(compose_train([f"init_from={drafter}", f"target.path={target}"]))
     only_evil = tmp_path / "only_evil"                 # nothing but the poisoned pickle
     shutil.copytree(micro_target_dir, only_evil)

@@ -9,11 +9,11 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3_5ForCausalLM
 
+from dmtp.block_drafter import fresh_drafter_for, load_block_drafter
 from dmtp.configs import compose_train
 from dmtp.decode.hybrid_runner import HybridTargetRunner
 from dmtp.decode.loop import SpecDecoder, build_proposer
 from dmtp.decode.runners import make_target_runner
-from dmtp.injection.io import fresh_drafter_for, load_dmtp_drafter
 from dmtp.models.mtp_families import Qwen35MTPBlock
 from dmtp.models.mtp_loading import load_native_mtp
 from dmtp.models.target import TargetModel
@@ -102,10 +102,10 @@ def test_greedy_decoding_equals_transformers_cached_generate(micro_hybrid_dir, h
         out = target.hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
                                  eos_token_id=None, pad_token_id=tokenizer.pad_token_id)
         refs.append(out[0, len(prompt):].tolist())
-    drafter = injection = None
+    drafter = None
     if method == "drafter":
-        drafter, injection = fresh_drafter_for(target, "dual_anchor_zero_init", tokenizer.mask_token_id, perturb=0.5)
-    proposer = build_proposer(method, target, mtp=mtp, drafter=drafter, injection=injection)
+        drafter = fresh_drafter_for(target, "dual_anchor_zero_init", tokenizer.mask_token_id, perturb=0.5)
+    proposer = build_proposer(method, target, mtp=mtp, drafter=drafter)
     result = SpecDecoder(target, proposer, eos_token_id=[]).generate(prompts, max_new_tokens=new)
     assert result.tokens == refs
     if method == "mtp415":   # the pretrained MTP gets drafts both accepted and rejected: rollback is exercised
@@ -120,6 +120,6 @@ def test_train_composes_and_runs_two_steps_on_micro_hybrid(micro_hybrid_dir, tmp
     assert cfg.target.preset == "micro_hybrid"
     summary = train(cfg)
     assert summary["global_step"] == 2
-    drafter, injection, meta = load_dmtp_drafter(tmp_path / "drafter")
-    assert meta["injection"] == "dual_anchor_zero_init" and injection.uses_mtp
+    drafter, meta = load_block_drafter(tmp_path / "drafter")
+    assert meta["injection"] == "dual_anchor_zero_init" and drafter.injection.uses_mtp
     assert drafter.config.hidden_size == json.loads((micro_hybrid_dir / "config.json").read_text())["hidden_size"]

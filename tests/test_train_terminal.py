@@ -30,6 +30,35 @@ def test_walk_table_has_one_row_per_domain():
     text = walk_table(_record())
     assert "dual_anchor_zero_init at step 1200" in text and "P(L>=4)" in text
     assert walk_table({"method": "x", "global_step": 3}) is None   # no walk ran (model.val_walk=false)
+    assert "mtp415" not in text   # no chain walked (raw_dflash, or model.val_mtp_chain_steps=0)
+
+
+def test_walk_table_puts_the_mtp_chain_beside_the_drafter():
+    record = _record()
+    for domain, tau in (("prose", 2.3), ("code", 3.0)):
+        record.update({f"walk/{domain}/mtp415_tau": tau, f"walk/{domain}/mtp415_t1_accept": 0.7,
+                       f"walk/{domain}/mtp415_tau_all_anchors": tau, **{f"walk/{domain}/mtp415_p_len_ge_{k}": 0.1 * k
+                                                                        for k in range(1, 8)}})
+    code = walk_rows(record)[0]
+    assert code["tau"] == 4.0 and code["mtp415 tau"] == 3.0 and code["mtp415 t1_accept"] == 0.7
+    assert (code["mtp415 P(L>=2)"], code["mtp415 P(L>=4)"]) == (0.2, 0.4) and "mtp415 P(L>=7)" not in code
+    text = walk_table(record)
+    assert "mtp415: the target's MTP chained alone on the same sequences" in text
+    header = text.splitlines()[1].split()
+    assert header[:3] == ["domain", "tau", "t1_accept"] and header[6:8] == ["mtp415", "tau"]
+
+
+def test_flat_record_names_both_walks():
+    from omegaconf import OmegaConf
+
+    from dmtp.training.job import flat_metrics
+
+    summary = {"injection": "dual_anchor_zero_init", "drafter_arch": "DFlashDraftModel", "global_step": 5,
+               "val/code/tau": 3.0, "val/code/P(L>=3)": 0.5, "val/code/mtp415_P(L>=3)": 0.25,
+               "val/code/mtp415_tau": 2.0, "val/code/loss": 1.5, "val/tau": 3.0}
+    record = flat_metrics(OmegaConf.create({"seed": 0}), summary)
+    assert record["walk/code/p_len_ge_3"] == 0.5 and record["walk/code/mtp415_p_len_ge_3"] == 0.25
+    assert record["walk/code/mtp415_tau"] == 2.0 and record["val/code/loss"] == 1.5 and "val/tau" not in record
 
 
 def test_progress_bar_counts_steps():

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 import torch
-from hydra.utils import instantiate
 
+from dmtp.block_drafter import BlockDrafter
 from dmtp.injection import VARIANTS
-from dmtp.injection.io import make_injection
+from dmtp.injection.catalogue import make_injection
 from dmtp.models.drafter import DFlashConfig, DFlashDrafter, save_drafter
 from dmtp.training.job import build_components, train
 from dmtp.training.blocks import draft_blocks, sample_anchors, teacher_features, valid_anchors
@@ -34,7 +34,7 @@ def test_variant_overfits_a_fixed_batch(name):
     cfg = compose_train([f"injection={name}"])
     _, tokenizer, _, module = build_components(cfg)
     ids, mask = _batch(tokenizer)
-    opt = torch.optim.AdamW(list(module.drafter.parameters()) + list(module.injection.parameters()), lr=3e-3)
+    opt = torch.optim.AdamW(module.drafter.parameters(), lr=3e-3)
     losses = []
     for _ in range(12):
         gen = torch.Generator().manual_seed(0)  # the same anchors every step: a fixed batch
@@ -61,9 +61,9 @@ def test_zero_init_continues_a_published_dflash_drafter(tmp_path, micro_target):
 
     run_cfg = compose_train(["injection=dual_anchor_zero_init", f"init_from={tmp_path / 'dflash'}"])
     _, _, _, module = build_components(run_cfg)
-    inj, drafter = module.injection, module.drafter
+    inj, drafter = module.drafter.injection, module.drafter
     assert torch.count_nonzero(inj.fusion.proj.weight) == 0
-    embed = lambda x: drafter.embed_noise(x, micro_target.embed_tokens.weight)  # noqa: E731
+    embed = lambda x: drafter.embed(x, micro_target.embed_tokens.weight)  # noqa: E731
     anchor, t1 = torch.tensor([11, 12]), torch.tensor([21, 22])
     h_mtp = torch.randn(2, cfg.hidden_size)
     slots = inj.build_slots(embed, anchor, t1, h_mtp)
@@ -84,24 +84,25 @@ def test_blocks_never_see_context_at_or_after_their_anchor_nor_other_blocks(micr
     inj = make_injection("dual_anchor_zero_init", micro_target.hidden_size, 2, 3)
     torch.nn.init.normal_(inj.fusion.proj.weight, std=0.02)
     cfg = micro_target.config
-    drafter = DFlashDrafter(DFlashConfig(hidden_size=cfg.hidden_size, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=cfg.num_attention_heads,
-                                         num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
-                                         vocab_size=cfg.vocab_size, num_target_layers=cfg.num_hidden_layers,
-                                         target_layer_ids=[1, 2], mask_token_id=3))
+    backbone = DFlashDrafter(DFlashConfig(hidden_size=cfg.hidden_size, intermediate_size=64, num_hidden_layers=2,
+                                          num_attention_heads=cfg.num_attention_heads,
+                                          num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
+                                          vocab_size=cfg.vocab_size, num_target_layers=cfg.num_hidden_layers,
+                                          target_layer_ids=[1, 2], mask_token_id=3))
+    drafter = BlockDrafter(backbone, inj)
     ids = torch.randint(10, 400, (1, 40))
-    feats = teacher_features(micro_target, micro_mtp, inj, [1, 2], ids)
+    feats = teacher_features(micro_target, micro_mtp, drafter, ids)
     anchors, keep = torch.tensor([[8, 20]]), torch.ones(1, 2, dtype=torch.bool)
     t1 = ids[:, [9, 21]]
     w = micro_target.embed_tokens.weight
-    base = draft_blocks(drafter, inj, w, feats, anchors, keep, t1)
+    base = draft_blocks(drafter, w, feats, anchors, keep, t1)
     feats.context[:, 20:] += 5.0           # context at/after block 1's anchor (and far after block 0's)
-    moved = draft_blocks(drafter, inj, w, feats, anchors, keep, t1)
+    moved = draft_blocks(drafter, w, feats, anchors, keep, t1)
     assert torch.equal(base[:, 0], moved[:, 0]) and torch.equal(base[:, 1], moved[:, 1])
     feats.context[:, 19] += 5.0            # context just before block 1's anchor
-    moved = draft_blocks(drafter, inj, w, feats, anchors, keep, t1)
+    moved = draft_blocks(drafter, w, feats, anchors, keep, t1)
     assert torch.equal(base[:, 0], moved[:, 0]) and not torch.allclose(base[:, 1], moved[:, 1])
-    other = draft_blocks(drafter, inj, w, feats, anchors, keep, torch.tensor([[t1[0, 0], 99]]))
+    other = draft_blocks(drafter, w, feats, anchors, keep, torch.tensor([[t1[0, 0], 99]]))
     assert torch.equal(other[:, 0], moved[:, 0])  # block 1's T1 is invisible to block 0
 
 

@@ -67,7 +67,7 @@ def test_draft_layers_can_start_from_the_targets_last_layers():
     _, _, _, module = build_components(compose_train(["drafter.init_from_target_layers=true",
                                                       "drafter.num_layers=2"]))
     target_layers = module.target.hf.model.layers
-    for draft_layer, source in zip(module.drafter.layers, list(target_layers)[-2:]):
+    for draft_layer, source in zip(module.drafter.backbone.layers, list(target_layers)[-2:]):
         src = source.state_dict()
         for k, v in draft_layer.state_dict().items():
             assert torch.equal(v, src[k]), k

@@ -6,10 +6,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dmtp.block_drafter import fresh_drafter_for, load_block_drafter
 from dmtp.configs import CONF_DIR
 from dmtp.injection import CATALOGUE, Injection
 from dmtp.injection.catalogue import register_variant
-from dmtp.injection.io import fresh_drafter_for, load_dmtp_drafter, make_injection, save_dmtp_drafter
+from dmtp.injection.catalogue import make_injection
 from dmtp.injection.readme_table import README, render_table, table_in
 from dmtp.report import INTERFACES
 
@@ -64,23 +65,22 @@ def test_a_name_registers_once():
 
 
 def test_built_options_are_saved_and_rebuild(micro_target, tmp_path):
-    drafter, inj = fresh_drafter_for(micro_target, "hidden_residual_t1", 3, rank=8)
-    assert inj.variant_options == {"rank": 8}
-    save_dmtp_drafter(tmp_path, drafter, inj)
+    drafter = fresh_drafter_for(micro_target, "hidden_residual_t1", 3, rank=8)
+    assert drafter.injection.variant_options == {"rank": 8}
+    drafter.save(tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["dmtp"]["injection_kwargs"] == {"rank": 8}
-    _, loaded, _ = load_dmtp_drafter(tmp_path)
+    loaded = load_block_drafter(tmp_path)[0].injection
     assert loaded.variant_options == {"rank": 8} and loaded.residual.down.out_features == 8
-    _, defaults = fresh_drafter_for(micro_target, "multi_mtp_zero_init", 3)
+    defaults = fresh_drafter_for(micro_target, "multi_mtp_zero_init", 3).injection
     assert defaults.variant_options == {"max_mtp_tokens": 3, "mtp_threshold": None, "num_mtp_tokens": None}
 
 
 def test_an_export_with_the_old_normalised_options_still_loads(micro_target, tmp_path):
     """Exports before the catalogue saved hand-set init_kwargs (mtp_threshold as a float or null)."""
-    drafter, inj = fresh_drafter_for(micro_target, "multi_mtp_zero_init", 3)
-    save_dmtp_drafter(tmp_path, drafter, inj)
+    fresh_drafter_for(micro_target, "multi_mtp_zero_init", 3).save(tmp_path)
     cfg_path = tmp_path / "config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["dmtp"]["injection_kwargs"] = {"max_mtp_tokens": 3, "mtp_threshold": 0.6, "num_mtp_tokens": 2}
     cfg_path.write_text(json.dumps(cfg))
-    _, loaded, _ = load_dmtp_drafter(tmp_path)
+    loaded = load_block_drafter(tmp_path)[0].injection
     assert (loaded.mtp_threshold, loaded.mtp_steps, loaded.max_mtp_tokens) == (0.6, 2, 3)

@@ -192,10 +192,9 @@ def drafter_spec(spec: str) -> tuple[str, dict]:
 
 
 def random_drafter(target, name: str, mask_token_id: int, device, dtype, seed: int = 0):
-    from dmtp.injection.io import fresh_drafter_for
+    from dmtp.block_drafter import fresh_drafter_for
 
-    drafter, inj = fresh_drafter_for(target, name, mask_token_id, seed=seed)
-    return drafter.to(device, dtype), inj.to(device, dtype), name
+    return fresh_drafter_for(target, name, mask_token_id, seed=seed).to(device, dtype), name
 
 
 @torch.no_grad()
@@ -311,14 +310,14 @@ def main(argv=None) -> dict:
         for m in ("ar", "mtp415"):
             decoders[m + suffix] = SpecDecoder(target, build_proposer(m, target, mtp=mtp), eos_token_id=eos,
                                                cuda_graphs=graphs, compile=compile)
-        for drafter, inj, name, drafter_mtp in drafters:
+        for drafter, name, drafter_mtp in drafters:
             if drafter.config.architecture != "DFlashDraftModel":
                 name = f"{name}+dflash2"
             if drafter_mtp is not mtp:   # decoded with its own jointly trained MTP: another method
                 name = f"{name}+tuned_mtp"
             label = (name if name + suffix not in decoders else f"{name}#{len(decoders)}") + suffix
             decoders[label] = SpecDecoder(target, build_proposer("drafter", target, mtp=drafter_mtp, drafter=drafter,
-                                                                 injection=inj, name=label),
+                                                                 name=label),
                                           eos_token_id=eos, cuda_graphs=graphs, compile=compile)
 
     workloads = embedded_prompts(tok, args.domains.split(","), args.num_prompts, args.prompt_tokens)

@@ -130,14 +130,14 @@ def main(argv=None) -> dict:
     drafter_dir = args.drafter or (str(latest) if latest else None)
     if drafter_dir is None:
         raise SystemExit("bench_peer: no --drafter given and no trained drafter found")
-    drafter, injection, variant = load_drafter_for(target, drafter_dir, dtype, device)
-    if injection.needs_mtp:
+    drafter, variant = load_drafter_for(target, drafter_dir, dtype, device)
+    if drafter.needs_mtp:
         raise SystemExit(f"bench_peer: {drafter_dir} is a {variant} drafter; the reference loop runs raw DFlash only")
     theirs = reference_model(drafter_dir, dtype, device)
     mtp = load_native_mtp(path, target.embed_tokens, target.lm_head)
 
     def decoder(method: str, compile: bool = False) -> SpecDecoder:
-        kw = {"drafter": drafter, "injection": injection} if method == "drafter" else {}
+        kw = {"drafter": drafter} if method == "drafter" else {}
         return SpecDecoder(target, build_proposer(method, target, mtp=mtp, **kw), eos_token_id=eos, compile=compile)
 
     ours = {"dmtp": decoder("drafter")}

@@ -40,7 +40,7 @@ def main() -> None:
     times = {n: [] for n in modules}
     for step in range(args.steps + 2):
         for name, module in modules.items():
-            params = list(module.drafter.parameters()) + list(module.injection.parameters())
+            params = list(module.drafter.parameters())
             start = time.perf_counter()
             loss, _, _ = module.block_loss(batch, mask, generator=torch.Generator().manual_seed(step))
             loss.backward()

@@ -57,21 +57,21 @@ def compare_methods(cfg, named: set[str] | None = None) -> dict:
                                          trust_remote_code=cfg.target.get("trust_remote_code", False))
     tokenizer = load_tokenizer(target_path, trust_remote_code=cfg.target.get("trust_remote_code", False))
 
-    drafter = injection = variant = None
+    drafter = variant = None
     if drafter_dir is not None:
         options = cfg.drafter.get("injection_options")
         options = OmegaConf.to_container(options, resolve=True) if OmegaConf.is_config(options) else dict(options or {})
-        drafter, injection, variant = load_drafter_for(target, drafter_dir, dtype, device, cfg.drafter.get("injection"),
-                                                       options=options)
+        drafter, variant = load_drafter_for(target, drafter_dir, dtype, device, cfg.drafter.get("injection"),
+                                            options=options)
     mtp = drafter_mtp = None
-    if any(method_needs_mtp(m, injection) for m in methods):
+    if any(method_needs_mtp(m, drafter) for m in methods):
         try:
             mtp = load_native_mtp(target_path, target.embed_tokens, target.lm_head)
             drafter_mtp = mtp
-            if method_needs_mtp("drafter", injection):   # its own jointly trained MTP, if it has one
+            if method_needs_mtp("drafter", drafter):   # its own jointly trained MTP, if it has one
                 drafter_mtp = mtp_for_drafter(target, target_path, drafter_dir, mtp)
         except (MTPLoadError, FileNotFoundError) as e:
-            dropped = [m for m in methods if method_needs_mtp(m, injection)]
+            dropped = [m for m in methods if method_needs_mtp(m, drafter)]
             required = [f"drafter {variant} ({drafter_dir})" if m == "drafter" else m for m in dropped if m in named]
             if required:   # asked for by name: run or fail, never a quiet AR-only table
                 raise MTPLoadError(f"{', '.join(required)} needs the target's MTP, which did not load: {e}") from None
@@ -84,7 +84,7 @@ def compare_methods(cfg, named: set[str] | None = None) -> dict:
     for m in methods:
         label = variant if m == "drafter" else m
         proposer = build_proposer(m, target, mtp=drafter_mtp if m == "drafter" else mtp, drafter=drafter,
-                                  injection=injection, mtp_steps=cfg.mtp_steps, name=label)
+                                  mtp_steps=cfg.mtp_steps, name=label)
         decoders[label] = SpecDecoder(target, proposer, eos_token_id=eos, runner=cfg.runner, attention=cfg.attention,
                                       cuda_graphs=cfg.cuda_graphs, compile=cfg.get("compile", False),
                                       warmup_rounds=cfg.warmup_rounds)

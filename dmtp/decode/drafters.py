@@ -70,21 +70,23 @@ def no_drafter_for(target: str | Path, base: str | Path | None = None) -> str:
 
 
 def load_drafter_for(target, path, dtype, device, injection: str | None = None, options: dict | None = None):
-    """-> (drafter, injection, label). `options`: the injection's decoding-time options (e.g.
-    multi_mtp_zero_init's num_mtp_tokens / mtp_threshold), named in the label: `variant[k=v,...]`."""
-    from dmtp.injection.io import check_drafter_fits, load_dmtp_drafter, variant_name
+    """-> (drafter, label): the `BlockDrafter` at `path`, checked against `target`. `options`: its
+    injection's decoding-time options (e.g. multi_mtp_zero_init's num_mtp_tokens / mtp_threshold),
+    named in the label: `variant[k=v,...]`."""
+    from dmtp.block_drafter import load_block_drafter
+    from dmtp.models.drafter_fit import require_target_fit
 
     options = dict(options or {})
-    drafter, inj, meta = load_dmtp_drafter(path, dtype=dtype, injection=injection, options=options)
-    check_drafter_fits(drafter.config, target, f"drafter {path}")
-    label = variant_name(inj) + ("[" + ",".join(f"{k}={v}" for k, v in options.items()) + "]" if options else "")
-    return drafter.to(device).eval(), inj.to(device).eval(), label
+    drafter, _ = load_block_drafter(path, dtype=dtype, injection=injection, options=options)
+    require_target_fit(drafter.config, target, f"drafter {path}")
+    label = drafter.variant + ("[" + ",".join(f"{k}={v}" for k, v in options.items()) + "]" if options else "")
+    return drafter.to(device).eval(), label
 
 
 def mtp_for_drafter(target, target_path, drafter_dir, native_mtp):
     """The MTP a drafter decodes with: its own jointly trained one (mtp.safetensors in its directory,
     one line saying so) or the target's native MTP."""
-    from dmtp.injection.io import tuned_mtp_path
+    from dmtp.block_drafter import tuned_mtp_path
     from dmtp.models.mtp_loading import load_native_mtp
 
     tuned = tuned_mtp_path(drafter_dir) if drafter_dir is not None else None
@@ -97,7 +99,7 @@ def mtp_for_drafter(target, target_path, drafter_dir, native_mtp):
                            tuned=tuned)
 
 
-def method_needs_mtp(method: str, injection=None) -> bool:
+def method_needs_mtp(method: str, drafter=None) -> bool:
     if method.startswith("mtp"):
         return True
-    return method == "drafter" and injection is not None and injection.needs_mtp
+    return method == "drafter" and drafter is not None and drafter.needs_mtp

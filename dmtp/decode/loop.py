@@ -18,7 +18,7 @@ sync is the `done` poll every `poll_every` rounds.
 Python::
 
     from dmtp.decode import SpecDecoder, SamplingConfig, build_proposer
-    proposer = build_proposer("drafter", target, mtp=mtp, drafter=drafter, injection=injection)
+    proposer = build_proposer("drafter", target, mtp=mtp, drafter=drafter)   # a BlockDrafter (backbone + injection)
     dec = SpecDecoder(target, proposer, eos_token_id=tok.eos_token_id)
     res = dec.generate(prompts, max_new_tokens=64, batch_size=8)        # greedy
     res.tokens        # per request: output ids (first = prefill token; ends at EOS or the budget)
@@ -558,9 +558,10 @@ def parse_mtp_steps(method: str) -> int | None:
     raise ValueError(f"not an MTP method name: {method!r}")
 
 
-def build_proposer(method: str, target, mtp=None, drafter=None, injection=None, mtp_steps: int = 4,
+def build_proposer(method: str, target, mtp=None, drafter=None, mtp_steps: int = 4,
                    name: str | None = None) -> Proposer:
-    """method: ar | mtp415 | mtp | mtp:<k> | drafter (raw DFlash or any DMTP variant, by its injection)."""
+    """method: ar | mtp415 | mtp | mtp:<k> | drafter (raw DFlash or any DMTP variant: a `BlockDrafter`,
+    which carries its injection)."""
     if method == "ar":
         return ARProposer()
     if method.startswith("mtp"):
@@ -569,9 +570,9 @@ def build_proposer(method: str, target, mtp=None, drafter=None, injection=None, 
         steps = parse_mtp_steps(method) or mtp_steps
         return MTPChainProposer(mtp, steps, name=name or method)
     if method == "drafter":
-        if drafter is None or injection is None:
-            raise ValueError("method 'drafter' needs a drafter and its injection module")
-        return DrafterProposer(drafter, injection, target.embed_tokens.weight, target.lm_head.weight, mtp=mtp,
+        if drafter is None:
+            raise ValueError("method 'drafter' needs a drafter")
+        return DrafterProposer(drafter, target.embed_tokens.weight, target.lm_head.weight, mtp=mtp,
                                name=name or "drafter")
     raise ValueError(f"unknown method {method!r}: ar | mtp415 | mtp | mtp:<k> | drafter")
 

@@ -36,9 +36,8 @@ import torch
 
 from dmtp.decode.stage import Stage, present
 from dmtp.decode.verify import probs_from_logits, sample_from_probs
-from dmtp.injection.base import BLOCK_CANDIDATES, Injection
-from dmtp.models.drafter import DFlashDrafter
-from dmtp.models.drafter_fit import require_context_width
+from dmtp.block_drafter import BlockDrafter
+from dmtp.injection.base import BLOCK_CANDIDATES
 from dmtp.models.mtp import NativeMTP
 from dmtp.models.qwen3 import KVCache
 
@@ -135,16 +134,14 @@ class MTPState:
 
 
 class DrafterState:
-    """A DFlash drafter with its context-only K/V cache and an injection module."""
+    """A block drafter (backbone + injection) with its context-only K/V cache."""
 
-    def __init__(self, drafter: DFlashDrafter, injection: Injection, embed_weight: torch.Tensor,
-                 lm_head_weight: torch.Tensor):
-        require_context_width(drafter.config, injection)
-        self.drafter, self.injection = drafter, injection
+    def __init__(self, drafter: BlockDrafter, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor):
+        self.drafter, self.injection = drafter, drafter.injection
         self.embed_weight, self.lm_head_weight = embed_weight, lm_head_weight
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.drafter.embed_noise(ids, self.embed_weight)
+        return self.drafter.embed(ids, self.embed_weight)
 
     @property
     def context_caches(self) -> tuple:
@@ -256,17 +253,17 @@ class DrafterProposer(Proposer):
     (m = 1 but for the multi-step variant, whose S-step MTP chain runs every round, m chosen per
     request from it)."""
 
-    def __init__(self, drafter: DFlashDrafter, injection: Injection, embed_weight: torch.Tensor,
-                 lm_head_weight: torch.Tensor, mtp: NativeMTP | None = None, name: str = "drafter"):
+    def __init__(self, drafter: BlockDrafter, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor,
+                 mtp: NativeMTP | None = None, name: str = "drafter"):
         self.name = name
-        self.injection = injection
-        self.dstate = DrafterState(drafter, injection, embed_weight, lm_head_weight)
+        injection = self.injection = drafter.injection
+        self.dstate = DrafterState(drafter, embed_weight, lm_head_weight)
         if injection.needs_mtp:
             if mtp is None:
-                raise ValueError(f"the {type(injection).__name__} drafter needs the target's native MTP (none given)")
+                raise ValueError(f"the {drafter.variant} drafter needs the target's native MTP (none given)")
             self.mtp_state = MTPState(mtp, keep_features=injection.needs_mtp_context)
         self.num_candidates = BLOCK_CANDIDATES
-        self.layer_ids = list(drafter.config.target_layer_ids)
+        self.layer_ids = drafter.layer_ids
 
     def allocate(self, st) -> None:
         super().allocate(st)

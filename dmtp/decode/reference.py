@@ -70,21 +70,23 @@ def propose_mtp_chain(mtp, steps: int) -> Propose:
     return propose
 
 
-def propose_drafter(drafter, injection, mtp=None) -> Propose:
-    """Raw DFlash or any DMTP variant: the MTP's T1..Tm (m from the injection), then one drafter
-    forward over the block, its context the target's tapped layers at every position before A."""
+def propose_drafter(drafter, mtp=None) -> Propose:
+    """Raw DFlash or any DMTP variant (a `BlockDrafter`): the MTP's T1..Tm (m from its injection), then
+    one drafter forward over the block, its context the target's tapped layers at every position before A."""
+    injection = drafter.injection
+
     def propose(target, ids):
         a = ids.shape[1] - 1                                       # A's position
-        out = target(ids, layer_ids=drafter.config.target_layer_ids)
+        out = target(ids, layer_ids=drafter.layer_ids)
         g = mtp.forward_teacher(ids, out.last_hidden) if injection.needs_mtp else None
         tokens = hidden = None
         num = torch.zeros(1, dtype=torch.long)
         if injection.mtp_steps:
             tokens, hidden, logits = mtp_chain(mtp, ids, out.last_hidden, injection.mtp_steps)
             num = injection.choose_num_mtp(logits)
-        context = drafter.project_context(injection.context_features(out.layer_hidden, g))
+        context = drafter.context(out.layer_hidden, g)
         ctx_positions = torch.arange(a + 1)[None]
-        embed = lambda x: drafter.embed_noise(x, target.embed_tokens.weight)  # noqa: E731
+        embed = lambda x: drafter.embed(x, target.embed_tokens.weight)  # noqa: E731
         slots = injection.build_block(embed, ids[:, a], tokens, hidden, num)
         positions = injection.slot_positions(torch.tensor([a]))
         limit = torch.full_like(positions, a)                      # the context strictly before A
@@ -100,7 +102,7 @@ def reference_proposal(proposer: Proposer) -> Propose:
     """The reference proposal of one of the fast loop's proposers (the same models, no caches)."""
     if isinstance(proposer, DrafterProposer):
         mtp = proposer.mtp_state.mtp if proposer.mtp_state is not None else None
-        return propose_drafter(proposer.dstate.drafter, proposer.injection, mtp)
+        return propose_drafter(proposer.dstate.drafter, mtp)
     if isinstance(proposer, MTPChainProposer):
         return propose_mtp_chain(proposer.mtp_state.mtp, proposer.num_candidates)
     if isinstance(proposer, ARProposer):

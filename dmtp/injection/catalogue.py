@@ -2,7 +2,7 @@
 
 `@register_variant(name=..., slots=..., injected=...)` on the class in `dmtp/injection/<name>.py` is
 the only place a variant is named and described. Everything else reads the catalogue: the loader
-(`dmtp.injection.io`), the sweep report's labels (`dmtp.report`), the README's variant table
+(`make_injection`, used by `dmtp.block_drafter`), the sweep report's labels (`dmtp.report`), the README's variant table
 (`dmtp.injection.readme_table`) and the test that checks `conf/injection/*.yaml` against it.
 
 A variant's options are its constructor's own keyword arguments after the three the drafter sets
@@ -92,6 +92,16 @@ def variant(name: str) -> Variant:
     return CATALOGUE[name]
 
 
+def make_injection(name: str, hidden_size: int, num_target_features: int, mask_token_id: int, **options):
+    """A module of variant `name`; an option it does not have is one clear error."""
+    entry = variant(name)
+    unknown = [k for k in options if k not in entry.options]
+    if unknown:
+        raise ValueError(f"{unknown[0]!r} is not an option of injection {name} (its options: "
+                         f"{', '.join(entry.options) or 'none'})")
+    return entry.cls(hidden_size, num_target_features, mask_token_id, **options)
+
+
 def variant_of(module) -> Variant:
     for entry in CATALOGUE.values():
         if type(module) is entry.cls:
@@ -99,4 +109,5 @@ def variant_of(module) -> Variant:
     raise ValueError(f"{type(module).__name__} is not a registered injection variant")
 
 
-__all__ = ["CATALOGUE", "Option", "STRUCTURE", "Variant", "register_variant", "variant", "variant_of"]
+__all__ = ["CATALOGUE", "Option", "STRUCTURE", "Variant", "make_injection", "register_variant", "variant",
+           "variant_of"]

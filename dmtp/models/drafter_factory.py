@@ -1,4 +1,5 @@
-"""Build a fresh DFlash or DFlash2 drafter sized to a target (Hydra: conf/drafter/*.yaml, instantiated partially)."""
+"""Build a fresh DFlash or DFlash2 backbone sized to a target (`dmtp.block_drafter.build_block_drafter` pairs it
+with its injection; conf/drafter/*.yaml configure both)."""
 from __future__ import annotations
 
 from dmtp.models.drafter import DFlashConfig, DFlashDrafter, build_drafter_from_config, build_target_layer_ids
@@ -39,8 +40,7 @@ def build_drafter(target, context_dim: int, mask_token_id: int, num_layers: int 
                        selector_gold_outside_topk=selector_gold_outside_topk)
     cfg = target.config
     n_target = cfg.num_hidden_layers
-    if target_layer_ids is None:
-        target_layer_ids = build_target_layer_ids(n_target, num_target_features or min(5, max(1, n_target - 3)))
+    target_layer_ids = target_layer_ids_for(target, target_layer_ids, num_target_features)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     # MoE targets have no dense intermediate size; the drafter's MLP stays dense, 3x the width.
     intermediate_size = intermediate_size or getattr(cfg, "intermediate_size", None) or 3 * cfg.hidden_size
@@ -58,6 +58,16 @@ def build_drafter(target, context_dim: int, mask_token_id: int, num_layers: int 
     if init_from_target_layers:
         copy_target_layers_(drafter, target)
     return drafter
+
+
+def target_layer_ids_for(target, target_layer_ids: list[int] | None = None,
+                         num_target_features: int | None = None) -> list[int]:
+    """The target layers a drafter taps: the given ones, else DFlash's spread of `num_target_features`
+    (default min(5, target layers - 3)) over the target's depth."""
+    if target_layer_ids is not None:
+        return list(target_layer_ids)
+    n_target = target.config.num_hidden_layers
+    return build_target_layer_ids(n_target, num_target_features or min(5, max(1, n_target - 3)))
 
 
 def copy_target_layers_(drafter, target) -> None:

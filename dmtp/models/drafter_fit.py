@@ -1,13 +1,18 @@
-"""Whether a drafter fits what it is paired with: the target's width (it runs on the target's hidden
-states, embedding and LM head) and the injection's context width (its fc reads what the injection
-builds). One message per mismatch, wherever a drafter is paired (training, decoding, init_from)."""
+"""Whether a drafter fits what it is paired with: the target (it runs on the target's hidden states,
+embedding and LM head, and its target_layer_ids index the target's layers) and the injection (its fc
+reads the context the injection builds). One rule and one message per mismatch, wherever a drafter
+meets a target or an injection (building, training, init_from, loading for decoding)."""
 from __future__ import annotations
 
 
-def require_target_width(drafter_config, target, what: str = "drafter") -> None:
-    if drafter_config.hidden_size != target.hidden_size:
-        raise ValueError(f"{what} has hidden size {drafter_config.hidden_size}, but the target's is "
-                         f"{target.hidden_size}")
+def require_target_fit(drafter_config, target, what: str = "drafter") -> None:
+    """The same width, vocabulary and depth as the target it runs on."""
+    mine = (drafter_config.hidden_size, drafter_config.vocab_size, drafter_config.num_target_layers)
+    theirs = (target.hidden_size, target.config.vocab_size, target.num_layers)
+    if mine != theirs:
+        describe = "hidden size {}, vocab {}, {} layers".format
+        raise ValueError(f"{what} was built for a different target ({describe(*mine)}) than "
+                         f"{getattr(target, 'path', 'this one')} ({describe(*theirs)})")
 
 
 def require_context_width(drafter_config, injection, what: str = "drafter") -> None:

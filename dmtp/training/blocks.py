@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dmtp.block_drafter import BlockDrafter
 from dmtp.injection.base import Injection
-from dmtp.models.drafter import DFlashDrafter
 from dmtp.models.mtp_chain import TeacherChain
 
 
@@ -36,17 +36,17 @@ class MTPBlockInputs:
     num: torch.Tensor
 
 
-def teacher_features(target, mtp, injection: Injection, layer_ids, input_ids: torch.Tensor,
+def teacher_features(target, mtp, drafter: BlockDrafter, input_ids: torch.Tensor,
                      attention_mask: torch.Tensor | None = None, mtp_grad: bool = False) -> TeacherFeatures:
-    """The frozen target's features and the MTP's teacher-forced hiddens; with `mtp_grad` (a jointly
-    trained MTP) the MTP's pass keeps its autograd graph."""
+    """The frozen target's features at the drafter's tapped layers and the MTP's teacher-forced hiddens;
+    with `mtp_grad` (a jointly trained MTP) the MTP's pass keeps its autograd graph."""
     with torch.no_grad():
-        out = target(input_ids, layer_ids=layer_ids, attention_mask=attention_mask)
+        out = target(input_ids, layer_ids=drafter.layer_ids, attention_mask=attention_mask)
     g = None
     with torch.set_grad_enabled(mtp_grad and torch.is_grad_enabled()):
-        if injection.needs_mtp:
+        if drafter.needs_mtp:
             g = mtp.forward_teacher(input_ids, out.last_hidden)
-        context = injection.context_features(out.layer_hidden, g)
+        context = drafter.injection.context_features(out.layer_hidden, g)
     return TeacherFeatures(input_ids, out.logits, context, g, out.last_hidden)
 
 
@@ -55,7 +55,7 @@ def _at_anchors(x: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
     return x.gather(1, anchors[..., None].expand(-1, -1, x.shape[-1]))
 
 
-def mtp_block_inputs(mtp, injection: Injection, feats: TeacherFeatures, anchors: torch.Tensor, steps: int,
+def mtp_block_inputs(mtp, feats: TeacherFeatures, anchors: torch.Tensor, steps: int,
                      tokens: torch.Tensor | None = None, mtp_grad: bool = False):
     """T1..T_steps [B, N, steps] and their hiddens [B, N, steps, H] for every anchor [B, N], plus the
     chain's logits [B, N, steps, V] when the MTP picks the tokens.
@@ -109,13 +109,13 @@ def valid_anchors(injection: Injection, loss_mask: torch.Tensor) -> torch.Tensor
     return supervised
 
 
-def draft_blocks(drafter: DFlashDrafter, injection: Injection, embed_weight: torch.Tensor,
-                 feats: TeacherFeatures, anchors: torch.Tensor, keep: torch.Tensor,
+def draft_blocks(drafter: BlockDrafter, embed_weight: torch.Tensor, feats: TeacherFeatures, anchors: torch.Tensor, keep: torch.Tensor,
                  mtp_inputs: "torch.Tensor | MTPBlockInputs | None", mtp_grad: bool = False) -> torch.Tensor:
     """Run the drafter over every (sequence, anchor) block. anchors/keep [B, N]; mtp_inputs: the
     blocks' `MTPBlockInputs`, or just T1 [B, N] (one MTP token, h_1 = g_a), or None (no MTP token).
 
     Returns the drafter's final hidden states at the predicted slots: [B, N, n_pred, H]."""
+    injection = drafter.injection
     b, n = anchors.shape
     ids = feats.input_ids
     anchor_tok = ids.gather(1, anchors)
@@ -128,7 +128,7 @@ def draft_blocks(drafter: DFlashDrafter, injection: Injection, embed_weight: tor
         hidden = mtp_inputs.hidden.flatten(0, 1)
     elif feats.mtp_hidden is not None:   # variants that read h_mtp without a T1 of their own
         hidden = _at_anchors(feats.mtp_hidden, anchors).flatten(0, 1)[:, None]
-    embed = lambda x: drafter.embed_noise(x, embed_weight)  # noqa: E731
+    embed = lambda x: drafter.embed(x, embed_weight)  # noqa: E731
     slots = injection.build_block(embed, anchor_tok.flatten(), tokens, hidden, num, mtp_grad=mtp_grad)
     s = slots.shape[1]
     positions = injection.slot_positions(anchors.flatten()).view(b, n * s)

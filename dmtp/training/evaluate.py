@@ -20,15 +20,15 @@ def flat_decode_metrics(summary: dict, prefix: str) -> dict:
     return out
 
 
-def decode_after_training(target, mtp, drafter, injection, tokenizer, domains=("code", "prose", "math"),
+def decode_after_training(target, mtp, drafter, tokenizer, domains=("code", "prose", "math"),
                           num_prompts: int = 8, prompt_tokens: int = 64, max_new_tokens: int = 64,
                           batch_size: int = 4, compare_ar: bool = True, throughput_batch_sizes=()) -> dict:
     """`throughput_batch_sizes`: also decode all the domains' prompts together at each of these batch
     sizes and record `throughput/bs<b>/tok_s` (and `.../speedup_vs_ar`): the throughput-vs-batch plot."""
-    drafter.eval(), injection.eval()
+    drafter.eval()
     workloads = embedded_prompts(tokenizer, list(domains), num_prompts, prompt_tokens)
-    decoders = {"drafter": SpecDecoder(target, build_proposer("drafter", target, mtp=mtp, drafter=drafter,
-                                                              injection=injection), eos_token_id=tokenizer.eos_token_id)}
+    decoders = {"drafter": SpecDecoder(target, build_proposer("drafter", target, mtp=mtp, drafter=drafter),
+                                       eos_token_id=tokenizer.eos_token_id)}
     if compare_ar:
         decoders["ar"] = SpecDecoder(target, build_proposer("ar", target), eos_token_id=tokenizer.eos_token_id)
     out = decode_workloads(decoders, workloads, max_new_tokens=max_new_tokens, sampling=SamplingConfig(),

@@ -1,9 +1,10 @@
-"""One training job from a composed config: target -> MTP -> injection -> drafter -> data -> module ->
+"""One training job from a composed config: target -> drafter (backbone + injection) -> MTP -> data -> module ->
 trainer -> fit -> export (the body of `python -m dmtp.train`; conf/train.yaml). Each component is built
 from its own config group only."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import lightning as L
@@ -13,10 +14,10 @@ from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from dmtp.injection.io import check_drafter_fits, load_dmtp_drafter, save_dmtp_drafter, variant_name
-from dmtp.models.drafter import DFLASH_ARCH
+from dmtp.block_drafter import BlockDrafter
+from dmtp.models.drafter import DFLASH_ARCH, load_drafter
 from dmtp.models.drafter_factory import mask_token_id_of
-from dmtp.models.drafter_fit import require_context_width, require_target_width
+from dmtp.models.drafter_fit import require_target_fit
 from dmtp.models.mtp_loading import MTPLoadError, load_native_mtp
 from dmtp.models.target import load_tokenizer
 from dmtp.training.guards import FiniteGuard
@@ -41,31 +42,26 @@ def build_components(cfg: DictConfig):
     """Everything `fit` needs, from the composed config (also used by tests and sweeps)."""
     target = instantiate(cfg.target)
     tokenizer = load_tokenizer(target.path)
-    mask_id = mask_token_id_of(tokenizer, target.config.vocab_size)
     make_injection = instantiate(cfg.injection)
-    drafter_factory = instantiate(cfg.drafter)
-    if cfg.init_from:
-        drafter, _, _ = load_dmtp_drafter(cfg.init_from, injection="raw_dflash")
-        check_drafter_fits(drafter.config, target, f"init_from={cfg.init_from}")
-        injection = make_injection(hidden_size=target.hidden_size,
-                                   num_target_features=len(drafter.config.target_layer_ids),
-                                   mask_token_id=drafter.config.mask_token_id)
-        require_context_width(drafter.config, injection, f"init_from={cfg.init_from}")
+    if cfg.init_from:   # a published (or earlier) drafter's backbone, with this run's injection
+        backbone, _, _ = load_drafter(cfg.init_from)
+        require_target_fit(backbone.config, target, f"init_from={cfg.init_from}")
+        drafter = BlockDrafter.around(backbone, make_injection, f"init_from={cfg.init_from}")
     else:
-        probe = drafter_factory(target=target, context_dim=1, mask_token_id=mask_id)  # resolves layer ids
-        injection = make_injection(hidden_size=target.hidden_size,
-                                   num_target_features=len(probe.config.target_layer_ids), mask_token_id=mask_id)
-        drafter = drafter_factory(target=target, context_dim=injection.context_dim, mask_token_id=mask_id)
-    require_target_width(drafter.config, target)
+        mask_id = mask_token_id_of(tokenizer, target.config.vocab_size)
+        drafter = instantiate(cfg.drafter)(target=target, injection=make_injection, mask_token_id=mask_id)
     mtp = None
-    if injection.needs_mtp:
+    if drafter.needs_mtp:
         try:
             mtp = load_native_mtp(target.path, target.embed_tokens, target.lm_head)
         except MTPLoadError as e:
-            raise MTPLoadError(f"injection={variant_name(injection)} needs the target's MTP: {e}") from None
+            raise MTPLoadError(f"injection={drafter.variant} needs the target's MTP: {e}") from None
     data = instantiate(cfg.data)(tokenizer=tokenizer, target=target)
-    module = instantiate(cfg.model)(target=target, mtp=mtp, drafter=drafter, injection=injection)
+    module = instantiate(cfg.model)(target=target, mtp=mtp, drafter=drafter)
     return target, tokenizer, data, module
+
+
+_LENGTH_AT_LEAST = re.compile(r"P\(L>=([0-9]+)\)")   # "P(L>=k)" -> "p_len_ge_k" (also after "mtp415_")
 
 
 def flat_metrics(cfg: DictConfig, summary: dict) -> dict:
@@ -78,9 +74,8 @@ def flat_metrics(cfg: DictConfig, summary: dict) -> dict:
             _, domain, name = key.split("/")
             if name in ("loss", "acc_first"):   # teacher-forced on held-out data
                 out[f"val/{domain}/{name}"] = value
-            else:                               # the exact greedy walk (SPEC §6)
-                name = {"P(L>=" + str(k) + ")": f"p_len_ge_{k}" for k in range(1, 8)}.get(name, name)
-                out[f"walk/{domain}/{name}"] = value
+            else:                               # the exact greedy walk (SPEC §6), the drafter's and the MTP chain's
+                out[f"walk/{domain}/" + _LENGTH_AT_LEAST.sub(r"p_len_ge_\1", name)] = value
     return out
 
 
@@ -114,14 +109,14 @@ def train(cfg: DictConfig, callbacks=()) -> dict:
     trainer.fit(module, datamodule=data, ckpt_path=ckpt_path, weights_only=True)
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
-    summary = {"injection": variant_name(module.injection), "drafter_arch": module.drafter.config.architecture,
+    summary = {"injection": module.drafter.variant, "drafter_arch": module.drafter.config.architecture,
                "global_step": trainer.global_step,
                "target": target.path, **metrics}
     if trainer.is_global_zero and not trainer.fast_dev_run:
         drafter_dir = output_dir / "drafter"
         tuned = module.mtp if module.train_mtp else None   # joint training: the MTP travels with its drafter
-        save_dmtp_drafter(drafter_dir, module.drafter, module.injection, tuned_mtp=tuned, target_path=target.path,
-                          target=target.path, train_config=OmegaConf.to_container(cfg, resolve=False))
+        module.drafter.save(drafter_dir, tuned_mtp=tuned, target_path=target.path, target=target.path,
+                            train_config=OmegaConf.to_container(cfg, resolve=False))
         summary["drafter"] = str(drafter_dir)
         (output_dir / "train_metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
         record = flat_metrics(cfg, summary)
@@ -129,7 +124,7 @@ def train(cfg: DictConfig, callbacks=()) -> dict:
             from dmtp.training.evaluate import decode_after_training
 
             opts = {k: v for k, v in cfg.decode_eval.items() if k != "enabled"}
-            record.update(decode_after_training(target, module.mtp, module.drafter, module.injection, tokenizer, **opts))
+            record.update(decode_after_training(target, module.mtp, module.drafter, tokenizer, **opts))
         (output_dir / "metrics.json").write_text(json.dumps(record, indent=2) + "\n")
         print(f"[dmtp] drafter ({summary['injection']}) exported to {drafter_dir}")
         if tuned is not None:

@@ -1,4 +1,5 @@
-"""The one LightningModule behind every variant: frozen target + MTP, trained drafter + injection.
+"""The one LightningModule behind every variant: frozen target + MTP, trained block drafter (a DFlash or
+DFlash2 backbone and its injection, `dmtp.block_drafter.BlockDrafter`, trained as one module).
 
 It knows the injection interface, never a variant's name. Per batch: teacher-forced target and MTP
 features, random anchors, every block's MTP tokens (m of them, `sample_num_mtp`; T1..Tm are inputs,
@@ -18,9 +19,9 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
-from dmtp.injection.base import Injection
-from dmtp.models.drafter import DFlashDrafter
-from dmtp.models.drafter_fit import require_context_width, require_target_width
+from dmtp.block_drafter import BlockDrafter
+from dmtp.injection.base import BLOCK_CANDIDATES
+from dmtp.models.drafter_fit import require_target_fit
 from dmtp.training.blocks import (MTPBlockInputs, draft_blocks, mtp_block_inputs, predicted_positions, sample_anchors,
                                   teacher_features, valid_anchors)
 from dmtp.training.validation import exact_acceptance
@@ -41,16 +42,16 @@ def decay_weights(n: int, gamma: float, device=None) -> torch.Tensor:
 
 
 class DMTPModule(L.LightningModule):
-    def __init__(self, target, mtp, drafter: DFlashDrafter, injection: Injection, optimizer, scheduler=None,
+    def __init__(self, target, mtp, drafter: BlockDrafter, optimizer, scheduler=None,
                  num_anchors: int = 32, loss_gamma: float = 4.0, label_source: str = "data",
-                 t1_source: str = "data", val_walk: bool = True, train_mtp: bool = False,
-                 mtp_loss_weight: float = 1.0):
+                 t1_source: str = "data", val_walk: bool = True, val_mtp_chain_steps: int = 4,
+                 train_mtp: bool = False, mtp_loss_weight: float = 1.0):
         super().__init__()
         if label_source not in LABEL_SOURCES:
             raise ValueError(f"label_source must be one of {', '.join(LABEL_SOURCES)}, got {label_source!r}")
         if t1_source not in T1_SOURCES:
             raise ValueError(f"t1_source must be one of {', '.join(T1_SOURCES)}, got {t1_source!r}")
-        if injection.needs_mtp and mtp is None:
+        if drafter.needs_mtp and mtp is None:
             raise ValueError("this injection variant needs the target's MTP layer, but none was loaded")
         if train_mtp not in (True, False):
             raise ValueError(f"train_mtp must be true or false, got {train_mtp!r}")
@@ -60,18 +61,20 @@ class DMTPModule(L.LightningModule):
         if isinstance(mtp_loss_weight, bool) or not isinstance(mtp_loss_weight, (int, float)) \
                 or not mtp_loss_weight >= 0:
             raise ValueError(f"mtp_loss_weight must be a number >= 0, got {mtp_loss_weight!r}")
-        require_target_width(drafter.config, target)
-        require_context_width(drafter.config, injection)
+        require_target_fit(drafter.config, target)
         self.target, self.mtp = target, mtp
-        self.drafter, self.injection = drafter, injection
+        self.drafter = drafter
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.num_anchors, self.loss_gamma, self.label_source = num_anchors, loss_gamma, label_source
         self.t1_source = t1_source
         self.val_walk = val_walk
+        if isinstance(val_mtp_chain_steps, bool) or not isinstance(val_mtp_chain_steps, int) \
+                or not 0 <= val_mtp_chain_steps <= BLOCK_CANDIDATES:
+            raise ValueError(f"val_mtp_chain_steps must be an integer in 0..{BLOCK_CANDIDATES}, got {val_mtp_chain_steps!r}")
+        self.val_mtp_chain_steps = val_mtp_chain_steps
         self.train_mtp, self.mtp_loss_weight = train_mtp, float(mtp_loss_weight)
         if train_mtp:   # its own layers only: the embedding and LM head are the target's, never trained
             mtp.requires_grad_(True)
-        self.layer_ids = list(drafter.config.target_layer_ids)
         self.strict_loading = False  # checkpoints omit the frozen target and MTP
         self._val_results: dict[str, list[dict]] = {}
 
@@ -102,8 +105,8 @@ class DMTPModule(L.LightningModule):
         """(loss, per-position accuracy, number of supervised slots). The loss is the position-decayed CE
         plus the drafter's own `auxiliary_loss` (0 for DFlash v1; DFlash2's selector term, scheduled by
         `step`), which is also kept in `self.last_auxiliary_loss`."""
-        inj = self.injection
-        feats = teacher_features(self.target, self.mtp, inj, self.layer_ids, input_ids, mtp_grad=self.train_mtp)
+        inj = self.drafter.injection
+        feats = teacher_features(self.target, self.mtp, self.drafter, input_ids, mtp_grad=self.train_mtp)
         anchors, keep = sample_anchors(valid_anchors(inj, loss_mask), self.num_anchors, generator)
         t = input_ids.shape[1]
         mtp_inputs = num = None
@@ -114,13 +117,13 @@ class DMTPModule(L.LightningModule):
             after = (anchors[..., None] + offsets).clamp(max=t - 1)
             data = input_ids.gather(1, after.flatten(1)).view_as(after)
             num = inj.sample_num_mtp(anchors.shape, generator, input_ids.device)
-            tokens, mtp_hidden, _ = mtp_block_inputs(self.mtp, inj, feats, anchors, steps, tokens=data,
+            tokens, mtp_hidden, _ = mtp_block_inputs(self.mtp, feats, anchors, steps, tokens=data,
                                                      mtp_grad=self.train_mtp)
             if self.t1_source == "mtp":   # keep a block only if the MTP itself proposes its m tokens
                 own = self.mtp.logits(mtp_hidden).argmax(-1)
                 keep = keep & ((own == data) | (offsets > num[..., None])).all(-1)
             mtp_inputs = MTPBlockInputs(tokens, mtp_hidden, num)
-        hidden = draft_blocks(self.drafter, inj, self.target.embed_tokens.weight, feats, anchors, keep, mtp_inputs,
+        hidden = draft_blocks(self.drafter, self.target.embed_tokens.weight, feats, anchors, keep, mtp_inputs,
                               mtp_grad=self.train_mtp)
         logits = self.drafter.logits(hidden, self.target.lm_head.weight).float()   # [B, N, n_pred, V]
 
@@ -184,7 +187,8 @@ class DMTPModule(L.LightningModule):
             self.log(f"train/{self.drafter.auxiliary_loss_name}", self.last_auxiliary_loss, batch_size=bs)
         if self.train_mtp:
             self.log("train/mtp_loss", self.last_mtp_loss, batch_size=bs)
-        first = self.injection.first_predicted_slot + self.injection.first_slot_offset
+        inj = self.drafter.injection
+        first = inj.first_predicted_slot + inj.first_slot_offset
         for k, a in enumerate(acc.tolist()):
             self.log(f"train/acc_pos{first + k}", a, batch_size=bs)
         self.log("train/blocks", n.float(), batch_size=bs, reduce_fx="sum")
@@ -201,33 +205,39 @@ class DMTPModule(L.LightningModule):
         if self.train_mtp:
             self.log(f"val/{domain}/mtp_loss", self.last_mtp_loss, batch_size=bs, add_dataloader_idx=False)
         if self.val_walk:
-            result = exact_acceptance(self.target, self.mtp, self.drafter, self.injection, self.layer_ids,
-                                      batch["input_ids"], batch["prompt_len"], batch["length"])
+            result = exact_acceptance(self.target, self.mtp, self.drafter, batch["input_ids"], batch["prompt_len"],
+                                      batch["length"], mtp_chain_steps=self.val_mtp_chain_steps if self.mtp else 0)
             self._val_results.setdefault(domain, []).append(result)
 
     def on_validation_epoch_end(self) -> None:
         taus = []
         for domain, results in sorted(self._val_results.items()):
-            merged = {k: sum(r[k] for r in results) for k in ("walk_tokens", "walk_rounds", "anchor_tokens",
-                                                              "anchor_count")}
-            hist = torch.stack([r["hist"] for r in results]).sum(0)
-            tau = merged["walk_tokens"] / max(1, merged["walk_rounds"])
-            taus.append(tau)
-            self.log(f"val/{domain}/tau", tau, add_dataloader_idx=False)
-            self.log(f"val/{domain}/tau_all_anchors", merged["anchor_tokens"] / max(1, merged["anchor_count"]),
-                     add_dataloader_idx=False)
-            total = hist.sum().clamp(min=1)
-            self.log(f"val/{domain}/t1_accept", 1 - hist[0].item() / total.item(), add_dataloader_idx=False)
-            ge = hist.flip(0).cumsum(0).flip(0) / total
-            for k in range(1, len(hist)):
-                self.log(f"val/{domain}/P(L>={k})", ge[k].item(), add_dataloader_idx=False)
+            taus.append(self._log_walk(f"val/{domain}/", results))
+            chains = [r["mtp_chain"] for r in results if "mtp_chain" in r]
+            if chains:   # the MTP chained on its own over the same sequences (mtp415 at 4 steps)
+                self._log_walk(f"val/{domain}/{mtp_chain_name(self.val_mtp_chain_steps)}_", chains)
         if taus:
             self.log("val/tau", sum(taus) / len(taus), prog_bar=True)
         self._val_results = {}
 
+    def _log_walk(self, prefix: str, results: list[dict]) -> float:
+        """Log one proposer's walk over a domain (tau, all-anchor tau, T1 acceptance, P(L>=k)); -> tau."""
+        merged = {k: sum(r[k] for r in results) for k in ("walk_tokens", "walk_rounds", "anchor_tokens", "anchor_count")}
+        hist = torch.stack([r["hist"] for r in results]).sum(0)
+        tau = merged["walk_tokens"] / max(1, merged["walk_rounds"])
+        self.log(f"{prefix}tau", tau, add_dataloader_idx=False)
+        self.log(f"{prefix}tau_all_anchors", merged["anchor_tokens"] / max(1, merged["anchor_count"]),
+                 add_dataloader_idx=False)
+        total = hist.sum().clamp(min=1)
+        self.log(f"{prefix}t1_accept", 1 - hist[0].item() / total.item(), add_dataloader_idx=False)
+        ge = hist.flip(0).cumsum(0).flip(0) / total
+        for k in range(1, len(hist)):
+            self.log(f"{prefix}P(L>={k})", ge[k].item(), add_dataloader_idx=False)
+        return tau
+
     # -- optimisation -------------------------------------------------------------------------------
     def configure_optimizers(self):
-        trained = [self.drafter, self.injection] + ([self.mtp] if self.train_mtp else [])
+        trained = [self.drafter] + ([self.mtp] if self.train_mtp else [])
         params = [p for m in trained for p in m.parameters() if p.requires_grad]
         optimizer = self.optimizer_factory(params=params)
         if self.scheduler_factory is None:
@@ -235,6 +245,12 @@ class DMTPModule(L.LightningModule):
         total = self.trainer.estimated_stepping_batches
         scheduler = self.scheduler_factory(optimizer=optimizer, total_steps=total)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def mtp_chain_name(steps: int) -> str:
+    """How the walk names the MTP chained `steps` times: mtp415 (4 steps, top-1, 5 verify slots; the
+    decoding method of that name), else mtp<k> (`MTPChainProposer`'s name)."""
+    return "mtp415" if steps == 4 else f"mtp{steps}"
 
 
 def warmup_cosine(optimizer, total_steps: int, warmup_ratio: float = 0.04, min_ratio: float = 0.1):

@@ -5,43 +5,67 @@ the leading candidates that equal the continuation x_{a+1}, x_{a+2}, ... (the ta
 IS the continuation). One teacher-forced pass of target, MTP and drafter over the whole sequence
 therefore gives, for every anchor, the number of candidates decoding would accept. Walking the
 anchors as decoding does (first anchor = end of the prompt; next = anchor + accepted + 1; the last
-round clamped to the token budget) reproduces the decoding loop's greedy rounds.
+round clamped to the token budget) reproduces the decoding loop's greedy rounds. The same walk over the MTP's own chain
+(`mtp_chain_matches`) gives the mtp415 baseline on the very same sequences.
 """
 from __future__ import annotations
 
 import torch
 
 from dmtp.injection.base import BLOCK_CANDIDATES
-from dmtp.training.blocks import MTPBlockInputs, draft_blocks, mtp_block_inputs, teacher_features
+from dmtp.training.blocks import MTPBlockInputs, TeacherFeatures, draft_blocks, mtp_block_inputs, teacher_features
 
 ANCHOR_CHUNK = 48
 
 
-@torch.no_grad()
-def candidate_matches(target, mtp, drafter, injection, layer_ids, input_ids: torch.Tensor) -> torch.Tensor:
-    """[B, T] -> [B, T] number of leading candidates at each anchor that equal the sequence's next
-    tokens (positions past the end never match)."""
-    feats = teacher_features(target, mtp, injection, layer_ids, input_ids)
+def _leading_matches(cands: torch.Tensor, anchors: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """cands [B, n, K] proposed after anchors [B, n] -> [B, n] how many lead the sequence's next tokens."""
+    t = input_ids.shape[1]
+    pos = anchors[..., None] + torch.arange(1, cands.shape[-1] + 1, device=input_ids.device)
+    truth = input_ids.gather(1, pos.clamp(max=t - 1).flatten(1)).view_as(pos)
+    eq = (cands == truth) & (pos < t)
+    return eq.long().cumprod(-1).sum(-1)
+
+
+def _anchor_chunks(input_ids: torch.Tensor):
     b, t = input_ids.shape
-    matches = torch.zeros(b, t, dtype=torch.long, device=input_ids.device)
-    embed_w = target.embed_tokens.weight
     for start in range(0, t, ANCHOR_CHUNK):
-        anchors = torch.arange(start, min(t, start + ANCHOR_CHUNK), device=input_ids.device).expand(b, -1)
+        yield torch.arange(start, min(t, start + ANCHOR_CHUNK), device=input_ids.device).expand(b, -1)
+
+
+@torch.no_grad()
+def candidate_matches(target, mtp, drafter, input_ids: torch.Tensor, feats: TeacherFeatures | None = None
+                      ) -> torch.Tensor:
+    """[B, T] -> [B, T] number of leading candidates at each anchor that equal the sequence's next
+    tokens (positions past the end never match). `feats`: the sequence's teacher features, if computed."""
+    injection = drafter.injection
+    feats = feats if feats is not None else teacher_features(target, mtp, drafter, input_ids)
+    matches = torch.zeros_like(input_ids, dtype=torch.long)
+    embed_w = target.embed_tokens.weight
+    for anchors in _anchor_chunks(input_ids):
         keep = torch.ones_like(anchors, dtype=torch.bool)
         mtp_inputs = tokens = num = None
         if injection.uses_mtp:
             # The MTP's own greedy chain from each anchor and the m decoding would choose from it.
-            tokens, hidden, logits = mtp_block_inputs(mtp, injection, feats, anchors, injection.mtp_steps)
+            tokens, hidden, logits = mtp_block_inputs(mtp, feats, anchors, injection.mtp_steps)
             num = injection.choose_num_mtp(logits)
             mtp_inputs = MTPBlockInputs(tokens, hidden, num)
-        hidden = draft_blocks(drafter, injection, embed_w, feats, anchors, keep, mtp_inputs)
+        hidden = draft_blocks(drafter, embed_w, feats, anchors, keep, mtp_inputs)
         first_prev = tokens[..., 0] if tokens is not None else input_ids.gather(1, anchors)
         drafted, _ = drafter.propose(hidden, target.lm_head.weight, first_prev)   # [B, n, n_pred], greedy
         cands = injection.merge_candidates(tokens, drafted, num)[..., :BLOCK_CANDIDATES]
-        pos = anchors[..., None] + torch.arange(1, cands.shape[-1] + 1, device=input_ids.device)
-        truth = input_ids.gather(1, pos.clamp(max=t - 1).flatten(1)).view_as(pos)
-        eq = (cands == truth) & (pos < t)
-        matches[:, anchors[0]] = eq.long().cumprod(-1).sum(-1)
+        matches[:, anchors[0]] = _leading_matches(cands, anchors, input_ids)
+    return matches
+
+
+@torch.no_grad()
+def mtp_chain_matches(mtp, feats: TeacherFeatures, steps: int) -> torch.Tensor:
+    """The same count for the MTP chained `steps` times on its own (the mtp415 baseline for steps = 4),
+    from the features the drafter's walk already computed (`feats.mtp_hidden` must be present)."""
+    matches = torch.zeros_like(feats.input_ids, dtype=torch.long)
+    for anchors in _anchor_chunks(feats.input_ids):
+        tokens, _, _ = mtp_block_inputs(mtp, feats, anchors, steps)   # its own greedy chain, as decoding proposes
+        matches[:, anchors[0]] = _leading_matches(tokens, anchors, feats.input_ids)
     return matches
 
 
@@ -56,17 +80,16 @@ def walk(matches: torch.Tensor, prompt_len: int, budget: int) -> list[int]:
     return rounds
 
 
-@torch.no_grad()
-def exact_acceptance(target, mtp, drafter, injection, layer_ids, input_ids, prompt_len, length) -> dict:
-    """Walk and all-anchor acceptance for a batch of (prompt + greedy continuation) sequences.
-
-    prompt_len/length [B]: the prompt's length and the sequence's valid length; the walk's budget is
-    length - prompt_len - BLOCK_CANDIDATES, so every compared position lies inside the sequence."""
-    matches = candidate_matches(target, mtp, drafter, injection, layer_ids, input_ids).cpu()
+def walk_statistics(matches: torch.Tensor, prompt_len, length) -> dict:
+    """Walk and all-anchor acceptance of per-anchor match counts [B, T] over (prompt + greedy
+    continuation) sequences. prompt_len/length [B]: the prompt's length and the sequence's valid
+    length; the walk's budget is length - prompt_len - BLOCK_CANDIDATES, so every compared position
+    lies inside the sequence (the same budget for every proposer compared on these sequences)."""
+    matches = matches.cpu()
     hist = torch.zeros(BLOCK_CANDIDATES + 1, dtype=torch.long)
     walk_tokens = walk_rounds = anchor_tokens = anchor_count = 0
     per_request = []
-    for i in range(input_ids.shape[0]):
+    for i in range(matches.shape[0]):
         p, n = int(prompt_len[i]), int(length[i])
         budget = n - p - BLOCK_CANDIDATES
         if budget <= 0:
@@ -81,3 +104,15 @@ def exact_acceptance(target, mtp, drafter, injection, layer_ids, input_ids, prom
         anchor_count += budget
     return {"walk_tokens": walk_tokens, "walk_rounds": walk_rounds, "anchor_tokens": anchor_tokens,
             "anchor_count": anchor_count, "hist": hist, "per_request": per_request}
+
+
+@torch.no_grad()
+def exact_acceptance(target, mtp, drafter, input_ids, prompt_len, length, mtp_chain_steps: int = 0) -> dict:
+    """`walk_statistics` of the drafter for a batch of (prompt + greedy continuation) sequences; with
+    `mtp_chain_steps` (and an MTP in use) also those of the MTP chain alone on the same sequences, under
+    "mtp_chain"."""
+    feats = teacher_features(target, mtp, drafter, input_ids)
+    out = walk_statistics(candidate_matches(target, mtp, drafter, input_ids, feats), prompt_len, length)
+    if mtp_chain_steps and feats.mtp_hidden is not None:
+        out["mtp_chain"] = walk_statistics(mtp_chain_matches(mtp, feats, mtp_chain_steps), prompt_len, length)
+    return out
