@@ -322,6 +322,31 @@ def test_bad_ckpt_path_is_one_line_naming_it(short_run, tmp_path):
         train(compose_train([f"ckpt_path={foreign}", "injection=raw_dflash"], output_dir=tmp_path / "b"))
 
 
+class FirstWeights(L.Callback):
+    """The drafter's tensors as training starts (after a checkpoint was restored)."""
+
+    def on_train_start(self, trainer, module):
+        self.state = {k: v.detach().clone() for k, v in module.drafter.state_dict().items()}
+
+
+def test_a_checkpoint_from_before_the_one_unit_drafter_resumes_exactly(short_run, tmp_path):
+    """Checkpoints written when the module held `drafter` (the backbone) and `injection` apart still resume:
+    every tensor and the optimizer's state land where they belong."""
+    state = torch.load(short_run / "checkpoints" / "last.ckpt", weights_only=True)
+    old = {("injection." + k[len("drafter.injection."):] if k.startswith("drafter.injection.") else
+            "drafter." + k[len("drafter.backbone."):]): v for k, v in state["state_dict"].items()}
+    assert "drafter.fc.weight" in old and any(k.startswith("injection.") for k in old)
+    state["state_dict"] = old
+    torch.save(state, tmp_path / "old_layout.ckpt")
+    weights = FirstWeights()
+    summary = train(compose_train([f"ckpt_path={tmp_path / 'old_layout.ckpt'}", "trainer.max_steps=3", *QUIET],
+                                  output_dir=tmp_path / "run"), callbacks=[weights])
+    assert summary["global_step"] == 3
+    assert torch.equal(weights.state["backbone.fc.weight"], old["drafter.fc.weight"])
+    assert all(torch.equal(weights.state["injection." + k[len("injection."):]], v)
+               for k, v in old.items() if k.startswith("injection."))
+
+
 def test_init_from_a_drafter_for_another_target_names_init_from(tmp_path, micro_target):
     cfg = micro_target.config
     deeper = DFlashDrafter(DFlashConfig(hidden_size=cfg.hidden_size, intermediate_size=64, num_hidden_layers=1,

@@ -34,9 +34,9 @@ from collections.abc import Sequence
 
 import torch
 
+from dmtp.block_drafter import BlockDrafter
 from dmtp.decode.stage import Stage, present
 from dmtp.decode.verify import probs_from_logits, sample_from_probs
-from dmtp.block_drafter import BlockDrafter
 from dmtp.injection.base import BLOCK_CANDIDATES
 from dmtp.models.mtp import NativeMTP
 from dmtp.models.qwen3 import KVCache

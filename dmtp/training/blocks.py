@@ -109,7 +109,8 @@ def valid_anchors(injection: Injection, loss_mask: torch.Tensor) -> torch.Tensor
     return supervised
 
 
-def draft_blocks(drafter: BlockDrafter, embed_weight: torch.Tensor, feats: TeacherFeatures, anchors: torch.Tensor, keep: torch.Tensor,
+def draft_blocks(drafter: BlockDrafter, embed_weight: torch.Tensor, feats: TeacherFeatures,
+                 anchors: torch.Tensor, keep: torch.Tensor,
                  mtp_inputs: "torch.Tensor | MTPBlockInputs | None", mtp_grad: bool = False) -> torch.Tensor:
     """Run the drafter over every (sequence, anchor) block. anchors/keep [B, N]; mtp_inputs: the
     blocks' `MTPBlockInputs`, or just T1 [B, N] (one MTP token, h_1 = g_a), or None (no MTP token).

@@ -24,6 +24,7 @@ from dmtp.injection.base import BLOCK_CANDIDATES
 from dmtp.models.drafter_fit import require_target_fit
 from dmtp.training.blocks import (MTPBlockInputs, draft_blocks, mtp_block_inputs, predicted_positions, sample_anchors,
                                   teacher_features, valid_anchors)
+from dmtp.training.resume import current_key
 from dmtp.training.validation import exact_acceptance
 
 FROZEN_PREFIXES = ("target.", "mtp.")   # what checkpoints leave out (the MTP is kept when it trains)
@@ -70,7 +71,8 @@ class DMTPModule(L.LightningModule):
         self.val_walk = val_walk
         if isinstance(val_mtp_chain_steps, bool) or not isinstance(val_mtp_chain_steps, int) \
                 or not 0 <= val_mtp_chain_steps <= BLOCK_CANDIDATES:
-            raise ValueError(f"val_mtp_chain_steps must be an integer in 0..{BLOCK_CANDIDATES}, got {val_mtp_chain_steps!r}")
+            raise ValueError(f"val_mtp_chain_steps must be an integer in 0..{BLOCK_CANDIDATES}, "
+                             f"got {val_mtp_chain_steps!r}")
         self.val_mtp_chain_steps = val_mtp_chain_steps
         self.train_mtp, self.mtp_loss_weight = train_mtp, float(mtp_loss_weight)
         if train_mtp:   # its own layers only: the embedding and LM head are the target's, never trained
@@ -99,6 +101,9 @@ class DMTPModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items()
                                     if not k.startswith(self.checkpoint_excludes)}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["state_dict"] = {current_key(k): v for k, v in checkpoint["state_dict"].items()}
 
     # -- the loss ---------------------------------------------------------------------------------
     def block_loss(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, generator=None, step: int | None = None):
@@ -206,7 +211,7 @@ class DMTPModule(L.LightningModule):
             self.log(f"val/{domain}/mtp_loss", self.last_mtp_loss, batch_size=bs, add_dataloader_idx=False)
         if self.val_walk:
             result = exact_acceptance(self.target, self.mtp, self.drafter, batch["input_ids"], batch["prompt_len"],
-                                      batch["length"], mtp_chain_steps=self.val_mtp_chain_steps if self.mtp else 0)
+                                      batch["length"], mtp_chain_steps=self.val_mtp_chain_steps)
             self._val_results.setdefault(domain, []).append(result)
 
     def on_validation_epoch_end(self) -> None:
@@ -222,7 +227,8 @@ class DMTPModule(L.LightningModule):
 
     def _log_walk(self, prefix: str, results: list[dict]) -> float:
         """Log one proposer's walk over a domain (tau, all-anchor tau, T1 acceptance, P(L>=k)); -> tau."""
-        merged = {k: sum(r[k] for r in results) for k in ("walk_tokens", "walk_rounds", "anchor_tokens", "anchor_count")}
+        merged = {k: sum(r[k] for r in results)
+                  for k in ("walk_tokens", "walk_rounds", "anchor_tokens", "anchor_count")}
         hist = torch.stack([r["hist"] for r in results]).sum(0)
         tau = merged["walk_tokens"] / max(1, merged["walk_rounds"])
         self.log(f"{prefix}tau", tau, add_dataloader_idx=False)

@@ -89,6 +89,18 @@ def claim_run_dir(run_dir: str | Path, resuming: bool) -> None:
         raise ValueError(taken.format(RUN_MARKER)) from None
 
 
+def current_key(key: str) -> str:
+    """A checkpoint tensor's name in today's module. Checkpoints written before the drafter became one
+    module (`BlockDrafter`, commit 9fb5202) hold the backbone as `drafter.*` and the injection as
+    `injection.*`; both now live under `drafter.` (`drafter.backbone.*`, `drafter.injection.*`), in
+    the same parameter order, so such a run resumes exactly."""
+    if key.startswith("injection."):
+        return "drafter." + key
+    if key.startswith("drafter.") and not key.startswith(("drafter.backbone.", "drafter.injection.")):
+        return "drafter.backbone." + key[len("drafter."):]
+    return key
+
+
 def checkpoint_shapes(ckpt: str | Path) -> dict[str, tuple[int, ...]]:
     """The tensor shapes a checkpoint holds, read before anything is built (tensors only: nothing in
     the file is executed)."""
@@ -99,7 +111,7 @@ def checkpoint_shapes(ckpt: str | Path) -> dict[str, tuple[int, ...]]:
     saved = state.get("state_dict") if isinstance(state, dict) else None
     if not isinstance(saved, dict):
         raise ValueError(f"ckpt_path {ckpt} is not a Lightning checkpoint (no state_dict)")
-    return {k: tuple(v.shape) for k, v in saved.items()}
+    return {current_key(k): tuple(v.shape) for k, v in saved.items()}
 
 
 def check_checkpoint_fits(ckpt: str | Path, shapes: dict[str, tuple[int, ...]], module: torch.nn.Module) -> None:
