@@ -2,6 +2,8 @@
 greedy responses equal the target's own greedy decoding, sampled ones are reproducible from a seed,
 the cache is keyed by everything that changes the output, and a killed run resumes without redoing
 finished shards."""
+import json
+
 import pytest
 import torch
 
@@ -109,5 +111,8 @@ def test_training_on_regenerated_data(tmp_path, monkeypatch, capsys):
     header = next(i for i, line in enumerate(lines) if line.startswith("domain "))
     assert lines[header - 1].startswith("final validation walk, dual_anchor_zero_init at step 4")
     assert [line.split()[0] for line in lines[header + 2:-1]] == ["code", "math", "prose"]
+    assert "mtp415 tau" in lines[header] and "mtp415: the target's MTP chained alone" in lines[header - 1]
+    record = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert all(1.0 <= record[f"walk/{d}/mtp415_tau"] <= 5.0 for d in ("code", "math", "prose"))
     shards = list((tmp_path / "home" / "cache").glob("regen-*/shard-*.safetensors"))
     assert shards, "the regenerated data were not cached"

@@ -23,6 +23,8 @@ def test_two_variant_multirun_aggregates(tmp_path):
     for job in jobs:
         assert job["math/tau"] >= 1.0 and 0.0 <= job["math/t1_accept"] <= 1.0   # decoded with the one loop
         assert f"{job['math/tau']:.3f}" in table and f"{job['walk/math/tau']:.3f}" in table
+    for job in jobs:   # the walk also walks the MTP chain alone, where the variant loads the MTP
+        assert ("walk/math/mtp415_tau" in job) == (job["injection"] != "raw_dflash")
     rows = list(csv.DictReader((report / "results.csv").open()))
     assert len(rows) == 2 and {r["injection"] for r in rows} == {"raw_dflash", "dual_anchor_zero_init"}
     for job in jobs:   # sweeps/main.yaml decodes at batch 1, 4 and 8 too

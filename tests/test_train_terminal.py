@@ -46,6 +46,9 @@ def test_walk_table_puts_the_mtp_chain_beside_the_drafter():
     assert "mtp415: the target's MTP chained alone on the same sequences" in text
     header = text.splitlines()[1].split()
     assert header[:3] == ["domain", "tau", "t1_accept"] and header[6:8] == ["mtp415", "tau"]
+    tuned = {k.replace("mtp415_", "mtp415_tuned_"): v for k, v in record.items()}   # model.train_mtp=true
+    assert walk_rows(tuned)[0]["mtp415_tuned tau"] == 3.0
+    assert "mtp415_tuned: the jointly trained MTP chained alone" in walk_table(tuned)
 
 
 def test_flat_record_names_both_walks():

@@ -220,7 +220,7 @@ class DMTPModule(L.LightningModule):
             taus.append(self._log_walk(f"val/{domain}/", results))
             chains = [r["mtp_chain"] for r in results if "mtp_chain" in r]
             if chains:   # the MTP chained on its own over the same sequences (mtp415 at 4 steps)
-                self._log_walk(f"val/{domain}/{mtp_chain_name(self.val_mtp_chain_steps)}_", chains)
+                self._log_walk(f"val/{domain}/{mtp_chain_name(self.val_mtp_chain_steps, self.train_mtp)}_", chains)
         if taus:
             self.log("val/tau", sum(taus) / len(taus), prog_bar=True)
         self._val_results = {}
@@ -253,10 +253,11 @@ class DMTPModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
-def mtp_chain_name(steps: int) -> str:
+def mtp_chain_name(steps: int, tuned: bool = False) -> str:
     """How the walk names the MTP chained `steps` times: mtp415 (4 steps, top-1, 5 verify slots; the
-    decoding method of that name), else mtp<k> (`MTPChainProposer`'s name)."""
-    return "mtp415" if steps == 4 else f"mtp{steps}"
+    decoding method of that name), else mtp<k> (`MTPChainProposer`'s name); `_tuned` when the chain is
+    the jointly trained MTP (model.train_mtp), not the target's own."""
+    return ("mtp415" if steps == 4 else f"mtp{steps}") + ("_tuned" if tuned else "")
 
 
 def warmup_cosine(optimizer, total_steps: int, warmup_ratio: float = 0.04, min_ratio: float = 0.1):

@@ -11,7 +11,7 @@ SHOWN_LENGTHS = (2, 4, 7)   # P(L>=k): accepted-run lengths worth a column (k=1 
 CHAIN_LENGTHS = (2, 4)      # the chain proposes 4 tokens: P(L>=7) is 0 by construction
 
 
-_CHAIN_TAU = re.compile(r"walk/[^/]+/(mtp[0-9]+)_tau")
+_CHAIN_TAU = re.compile(r"walk/[^/]+/(mtp[0-9]+(?:_tuned)?)_tau")
 
 
 def _chain_prefix(record: dict) -> str | None:
@@ -48,7 +48,8 @@ def walk_table(record: dict) -> str | None:
     beside = ""
     if chain is not None:
         columns += [f"{chain} tau", f"{chain} t1_accept", *(f"{chain} P(L>={k})" for k in CHAIN_LENGTHS)]
-        beside = f"; {chain}: the target's MTP chained alone on the same sequences"
+        whose = "the jointly trained MTP" if chain.endswith("_tuned") else "the target's MTP"
+        beside = f"; {chain}: {whose} chained alone on the same sequences"
     title = (f"final validation walk, {record['method']} at step {record['global_step']} (exact greedy acceptance "
              f"on held-out prompts; t1_accept = P(L>=1){beside})")
     return format_table(rows, columns, title=title)
