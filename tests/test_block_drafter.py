@@ -93,7 +93,7 @@ def test_training_builds_one_drafter_and_optimizes_it_whole(monkeypatch):
     assert any(id(p) in optimized for p in module.drafter.injection.parameters())
 
 
-def test_loaded_for_decoding_carries_its_injection_and_label(micro_target, micro_target_dir, tmp_path):
+def test_loaded_for_decoding_carries_its_injection_and_label(micro_target, tmp_path):
     fresh_drafter_for(micro_target, "multi_mtp_zero_init", 3).save(tmp_path)
     drafter, label = load_drafter_for(micro_target, tmp_path, torch.float32, "cpu", options={"num_mtp_tokens": 2})
     assert label == "multi_mtp_zero_init[num_mtp_tokens=2]" and drafter.injection.mtp_steps == 2
