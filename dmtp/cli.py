@@ -2,13 +2,16 @@
 
 Configuration and data problems surface as ValueError / FileNotFoundError (MTPLoadError is a
 ValueError) with a message that names the problem; the command prints `<prog>: error: <message>`
-and exits with status 2. `DMTP_TRACEBACK=1` re-raises instead, for debugging.
+and exits with status 2. A fault of the machine (a write refused: disk full, quota, read-only; see
+dmtp.atomic_io) is one line too, with exit status 1. `DMTP_TRACEBACK=1` re-raises instead, for debugging.
 """
 from __future__ import annotations
 
 import os
 import sys
 from contextlib import contextmanager
+
+from dmtp.atomic_io import WriteFailed
 
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError)
 
@@ -17,12 +20,12 @@ USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError)
 def one_line_errors(prog: str):
     try:
         yield
-    except USER_ERRORS as err:
+    except (WriteFailed, *USER_ERRORS) as err:
         if os.environ.get("DMTP_TRACEBACK"):
             raise
-        message = " ".join(str(err).split()) or type(err).__name__
+        message = (err.strerror if isinstance(err, WriteFailed) else " ".join(str(err).split())) or type(err).__name__
         print(f"{prog}: error: {message}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(1 if isinstance(err, WriteFailed) else 2) from None
 
 
 def reason(err: BaseException, limit: int = 160) -> str:

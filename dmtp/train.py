@@ -17,9 +17,11 @@ def main(cfg: DictConfig) -> float | None:
 
     plain_lightning_logging()
     with one_line_errors("dmtp.train"), quiet_known_warnings():
+        from hydra.core.hydra_config import HydraConfig
+
         from dmtp.training.job import train
 
-        summary = train(cfg)
+        summary = train(cfg, overrides=list(HydraConfig.get().overrides.task))   # what resume= may take
     return summary.get("val/tau")
 
 

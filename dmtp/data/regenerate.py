@@ -12,23 +12,33 @@ caches the result on disk in shards so that a killed run resumes where it stoppe
 different target, prompt set or temperature never reuses a stale cache. Each shard is decoded with its
 own seed (derived from `seed` and the shard index), so a resumed run gives exactly the tokens of an
 uninterrupted one, sampled or greedy. Shards are tensors in safetensors (never pickles).
+
+The cache is verified, not trusted: each shard is written atomically (dmtp.atomic_io) with the sha256 of
+its tensors in its metadata, and a shard read back must match it, have the expected shape and hold only
+ids of the target's vocabulary; a damaged one (changed, truncated, garbled) is named in one line and
+decoded again, never trained on. Runs sharing a cache take turns on its lock file: a second run started
+beside the first waits, then reads what the first wrote, instead of decoding everything twice.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import time
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
 
+from dmtp.atomic_io import remove_stale_temporaries, save_safetensors, write_json
 from dmtp.paths import dmtp_home
 
 REGEN_METHODS = ("ar", "mtp415")
+SHARD_FORMAT = 2   # 2: shards carry their checksum (older caches, which do not, are never reused)
 
 
 @dataclass(frozen=True)
@@ -85,7 +95,7 @@ def cache_dir_for(target, prompts: Sequence[Sequence[int]], settings: RegenSetti
                   root: Path | None = None) -> Path:
     digest = hashlib.sha1()
     digest.update(json.dumps({"target": target_identity(target), "settings": settings.output_key(),
-                              "eos": list(eos_ids)}, sort_keys=True).encode())
+                              "eos": list(eos_ids), "shard_format": SHARD_FORMAT}, sort_keys=True).encode())
     for p in prompts:
         digest.update(json.dumps(list(p)).encode())
     return (root or dmtp_home() / "cache") / f"regen-{digest.hexdigest()[:16]}"
@@ -95,19 +105,65 @@ def _shard_seed(seed: int, index: int) -> int:
     return int(hashlib.sha1(f"dmtp-regen-{seed}-{index}".encode()).hexdigest()[:8], 16)
 
 
+def _checksum(tokens: torch.Tensor, lengths: torch.Tensor) -> str:
+    digest = hashlib.sha256(tokens.contiguous().numpy().tobytes())
+    digest.update(lengths.contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
 def _write_shard(path: Path, outputs: list[list[int]], new_tokens: int) -> None:
     tokens = torch.full((len(outputs), new_tokens), -1, dtype=torch.int32)
     for i, out in enumerate(outputs):
         tokens[i, :len(out)] = torch.tensor(out, dtype=torch.int32)
     lengths = torch.tensor([len(o) for o in outputs], dtype=torch.int32)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    save_file({"tokens": tokens, "lengths": lengths}, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, path)
+    save_safetensors(path, {"tokens": tokens, "lengths": lengths},
+                     metadata={"format": "pt", "sha256": _checksum(tokens, lengths)})
 
 
-def _read_shard(path: Path) -> list[list[int]]:
-    data = load_file(str(path))
-    return [row[:n].tolist() for row, n in zip(data["tokens"], data["lengths"].tolist())]
+class DamagedShard(ValueError):
+    pass
+
+
+def _read_shard(path: Path, rows: int, new_tokens: int, vocab_size: int) -> list[list[int]]:
+    """A shard's responses, or DamagedShard(why) when it is not exactly what `_write_shard` wrote for
+    `rows` prompts of at most `new_tokens` ids below `vocab_size`."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            sha256 = (f.metadata() or {}).get("sha256")
+            data = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:   # truncated or garbled: whatever the reader says, it is unreadable
+        raise DamagedShard(f"unreadable: {str(e).splitlines()[0][:120] if str(e) else type(e).__name__}") from None
+    tokens, lengths = data.get("tokens"), data.get("lengths")
+    if set(data) != {"tokens", "lengths"} or tokens.dtype != torch.int32 or lengths.dtype != torch.int32:
+        raise DamagedShard(f"holds {sorted(data)}, not int32 tokens and lengths")
+    if tuple(tokens.shape) != (rows, new_tokens) or tuple(lengths.shape) != (rows,):
+        raise DamagedShard(f"tokens {list(tokens.shape)} / lengths {list(lengths.shape)}, expected [{rows}, "
+                           f"{new_tokens}] / [{rows}]")
+    if sha256 is None:
+        raise DamagedShard("records no checksum")
+    if _checksum(tokens, lengths) != sha256:
+        raise DamagedShard("its tensors do not match their recorded sha256")
+    if int(lengths.min()) < 0 or int(lengths.max()) > new_tokens:
+        raise DamagedShard(f"a length outside [0, {new_tokens}]")
+    filled = torch.arange(new_tokens)[None, :] < lengths[:, None]
+    if bool(((tokens < 0) | (tokens >= vocab_size))[filled].any()) or bool((tokens[~filled] != -1).any()):
+        raise DamagedShard(f"a token id outside the target's vocabulary [0, {vocab_size})")
+    return [row[:n].tolist() for row, n in zip(tokens, lengths.tolist())]
+
+
+@contextmanager
+def _cache_lock(out_dir: Path):
+    """One run at a time writes (and verifies) a cache directory; the others wait, then read it."""
+    fd = os.open(out_dir / ".lock", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"[dmtp] waiting for another run that is writing the training data in {out_dir}")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)   # releases the lock (so does the process ending, however it ends)
 
 
 def make_writer(target, settings: RegenSettings, eos_ids: Sequence[int], mtp=None):
@@ -135,9 +191,17 @@ def regenerate(target, prompts: Sequence[Sequence[int]], settings: RegenSettings
     eos_ids = _eos_ids(target, eos_token_id)
     out_dir = cache_dir_for(target, prompts, settings, eos_ids, Path(cache_root) if cache_root else None)
     out_dir.mkdir(parents=True, exist_ok=True)
-    meta = {"settings": asdict(settings), "prompts": len(prompts), "target": target_identity(target)}
-    (out_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    with _cache_lock(out_dir):
+        remove_stale_temporaries(out_dir)   # what a killed run left
+        meta = {"settings": asdict(settings), "prompts": len(prompts), "target": target_identity(target)}
+        write_json(out_dir / "meta.json", meta)
+        return _fill(out_dir, target, prompts, settings, eos_ids, mtp, progress, on_shard)
+
+
+def _fill(out_dir: Path, target, prompts, settings: RegenSettings, eos_ids, mtp, progress: bool, on_shard):
+    """Each shard read back if it verifies, else decoded and written."""
     n_shards = (len(prompts) + settings.shard_size - 1) // settings.shard_size
+    vocab_size = int(target.config.vocab_size)
     outputs: list[list[int]] = []
     writer = None
     bar = _bar(len(prompts), progress)
@@ -148,9 +212,13 @@ def regenerate(target, prompts: Sequence[Sequence[int]], settings: RegenSettings
     for index in range(n_shards):
         path = out_dir / f"shard-{index:05d}.safetensors"
         chunk = prompts[index * settings.shard_size:(index + 1) * settings.shard_size]
+        shard = None
         if path.exists():
-            shard = _read_shard(path)
-        else:
+            try:
+                shard = _read_shard(path, len(chunk), settings.new_tokens, vocab_size)
+            except DamagedShard as e:
+                print(f"[dmtp] regeneration cache: {path} is damaged ({e}); decoding it again")
+        if shard is None:
             writer = writer or make_writer(target, settings, eos_ids, mtp)
             result = writer.generate(chunk, max_new_tokens=settings.new_tokens, sampling=sampling,
                                      batch_size=settings.batch_size, seed=_shard_seed(settings.seed, index))

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from torch import nn
 
+from dmtp.atomic_io import save_safetensors, write_json
 from dmtp.models.qwen3 import (Qwen3DecoderLayer, RMSNorm, additive_mask, attend, init_linear_, rope_cos_sin,
                                rope_inv_freq)
 from dmtp.models.rope_config import DEFAULT_ROPE_THETA, rope_theta
@@ -411,9 +411,10 @@ def save_drafter(path, drafter: DFlashDrafter, extra_tensors: dict[str, torch.Te
     cfg = drafter.config.to_hf_config()
     if extra_config is not None:
         cfg["dmtp"] = extra_config
-    with open(os.path.join(path, CONFIG_NAME), "w") as f:
-        json.dump(cfg, f, indent=2)
-    save_file(tensors, os.path.join(path, WEIGHTS_NAME), metadata={"format": "pt"})
+    # Each file replaced whole (a kill leaves the previous export's file); the weights first, so that a
+    # directory gains its config.json only once its weights are there.
+    save_safetensors(os.path.join(path, WEIGHTS_NAME), tensors, metadata={"format": "pt"})
+    write_json(os.path.join(path, CONFIG_NAME), cfg)
 
 
 def read_drafter_config(path) -> dict:

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from torch import nn
 
+from dmtp.atomic_io import save_safetensors
 from dmtp.models import mtp_families
 from dmtp.models.mtp import MTPSpec, NativeMTP, Qwen3MTPBlock
 from dmtp.models.mtp_errors import MTPLoadError
@@ -190,7 +190,7 @@ def save_tuned_mtp(directory: str | Path, mtp: NativeMTP, target_path: str | Pat
     out = Path(directory) / TUNED_MTP_NAME
     require_finite(tensors, f"refusing to save the tuned MTP to {out}")
     Path(directory).mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out), metadata={"format": "pt"})
+    save_safetensors(out, tensors, metadata={"format": "pt"})
     return out
 
 

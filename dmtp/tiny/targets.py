@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import shutil
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from transformers import PreTrainedModel
 
+from dmtp.atomic_io import (publish_directory, remove_stale_temporaries, save_safetensors, staging_directory,
+                            write_json)
 from dmtp.data.corpora import DOMAINS, texts
 from dmtp.models.mtp import NativeMTP
 from dmtp.paths import targets_dir
@@ -82,8 +81,8 @@ def build_tiny_target(preset_name: str, out_dir: str | Path, progress: bool = Tr
     train_docs = {d: texts(d, "train")[: preset.docs_per_domain] for d in DOMAINS}
     val_docs = {d: texts(d, "validation")[: preset.docs_per_domain] for d in DOMAINS}
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    remove_stale_temporaries(out_dir.parent)   # what a killed build left
+    staging = staging_directory(out_dir)
     try:
         tok = train_tokenizer(_tokenizer_sample(train_docs, preset.tokenizer_chars, preset.seed),
                               preset.vocab_size, staging)
@@ -101,11 +100,11 @@ def build_tiny_target(preset_name: str, out_dir: str | Path, progress: bool = Tr
                   **stats, "heldout": evaluate(model, mtp, val_streams, preset.seq_len)}
         save_target(model, mtp, staging)
         report["build_seconds"] = round(time.perf_counter() - started, 1)
-        (staging / "build_report.json").write_text(json.dumps(report, indent=2) + "\n")
+        write_json(staging / "build_report.json", report)
         if not (keep_existing and (out_dir / "build_report.json").exists()):
             if out_dir.exists():
                 shutil.rmtree(out_dir)
-            os.replace(staging, out_dir)
+            publish_directory(staging, out_dir)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
@@ -120,11 +119,11 @@ def save_target(model: PreTrainedModel, mtp: NativeMTP, out_dir: Path) -> None:
     config.json with the MTP keys the Qwen3.5 releases carry."""
     tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     tensors.update({f"mtp.{k}": v.detach().contiguous() for k, v in mtp.state_dict().items()})
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    save_safetensors(out_dir / "model.safetensors", tensors, metadata={"format": "pt"})
     config = model.config.to_dict()
     config.update(architectures=[type(model).__name__], mtp_num_hidden_layers=1, mtp_use_dedicated_embeddings=False,
                   dtype="float32")
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    write_json(out_dir / "config.json", config, sort_keys=True)
     model.generation_config.save_pretrained(str(out_dir))
 
 
@@ -146,5 +145,5 @@ def reevaluate_target(path: str | Path) -> dict:
     tok = load_tokenizer(path)
     val_streams = {d: _encode(tok, texts(d, "validation")[: preset.docs_per_domain]) for d in DOMAINS}
     report["heldout"] = evaluate(model, mtp, val_streams, preset.seq_len)
-    report_path.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(report_path, report)
     return report["heldout"]

@@ -3,7 +3,6 @@ trainer -> fit -> export (the body of `python -m dmtp.train`; conf/train.yaml). 
 from its own config group only."""
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from dmtp.atomic_io import write_json
 from dmtp.block_drafter import BlockDrafter
 from dmtp.models.drafter import DFLASH_ARCH, load_drafter
 from dmtp.models.drafter_factory import mask_token_id_of
@@ -22,7 +22,9 @@ from dmtp.models.mtp_loading import MTPLoadError, load_native_mtp
 from dmtp.models.target import load_tokenizer
 from dmtp.training.guards import FiniteGuard
 from dmtp.training.progress import step_progress_bar
-from dmtp.training.resume import check_checkpoint_fits, checkpoint_shapes, claim_run_dir, resume_plan
+from dmtp.training.checkpoint_io import AtomicCheckpointIO
+from dmtp.training.resume import check_checkpoint_fits, checkpoint_shapes, claim_run_dir, read_checkpoint, resume_plan
+from dmtp.training.run_config import RecordRunConfig, recorded_config, resumed_config
 from dmtp.training.rng_state import ResumableRNG
 from dmtp.training.walk_table import walk_table
 
@@ -87,10 +89,14 @@ def _instantiate_dict(node) -> list:
 ALWAYS_ON_CALLBACKS = (FiniteGuard, ResumableRNG)
 
 
-def train(cfg: DictConfig, callbacks=()) -> dict:
-    """Run one training job; `callbacks` are extra Lightning callbacks (notebooks, tests)."""
+def train(cfg: DictConfig, callbacks=(), overrides: list[str] | None = None) -> dict:
+    """Run one training job; `callbacks` are extra Lightning callbacks (notebooks, tests). `overrides`: the
+    options given on the command line, which `resume=` checks (dmtp.training.run_config); None: all of `cfg`."""
     ckpt_path, resumed_dir = resume_plan(cfg.get("resume"), cfg.ckpt_path)
-    saved_shapes = checkpoint_shapes(ckpt_path) if ckpt_path is not None else None   # fail before building
+    saved = read_checkpoint(ckpt_path) if ckpt_path is not None else None   # fail before building
+    if cfg.get("resume"):   # the run's own config, not today's defaults
+        cfg = resumed_config(cfg, recorded_config(resumed_dir, saved), resumed_dir, overrides)
+    saved_shapes = checkpoint_shapes(saved) if saved is not None else None
     if resumed_dir is not None:   # continue in the run's own directory (Hydra already points there)
         with open_dict(cfg):
             cfg.paths.output_dir = str(resumed_dir)
@@ -103,9 +109,11 @@ def train(cfg: DictConfig, callbacks=()) -> dict:
         check_checkpoint_fits(ckpt_path, saved_shapes, module)
     configured = _instantiate_dict(cfg.get("callbacks")) + list(callbacks)
     configured += [cls() for cls in ALWAYS_ON_CALLBACKS if not any(isinstance(c, cls) for c in configured)]
+    configured.append(RecordRunConfig(cfg))
     if cfg.trainer.get("enable_progress_bar", True) and not any(isinstance(c, ProgressBar) for c in configured):
         configured.append(step_progress_bar())   # counts steps: Lightning's own reads "Epoch 0/-2" here
-    trainer = instantiate(cfg.trainer, callbacks=configured, logger=_instantiate_dict(cfg.get("logger")) or False)
+    trainer = instantiate(cfg.trainer, callbacks=configured, logger=_instantiate_dict(cfg.get("logger")) or False,
+                          plugins=[AtomicCheckpointIO()])
     trainer.fit(module, datamodule=data, ckpt_path=ckpt_path, weights_only=True)
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
@@ -118,14 +126,14 @@ def train(cfg: DictConfig, callbacks=()) -> dict:
         module.drafter.save(drafter_dir, tuned_mtp=tuned, target_path=target.path, target=target.path,
                             train_config=OmegaConf.to_container(cfg, resolve=False))
         summary["drafter"] = str(drafter_dir)
-        (output_dir / "train_metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
+        write_json(output_dir / "train_metrics.json", summary)
         record = flat_metrics(cfg, summary)
         if cfg.get("decode_eval") and cfg.decode_eval.enabled:
             from dmtp.training.evaluate import decode_after_training
 
             opts = {k: v for k, v in cfg.decode_eval.items() if k != "enabled"}
             record.update(decode_after_training(target, module.mtp, module.drafter, tokenizer, **opts))
-        (output_dir / "metrics.json").write_text(json.dumps(record, indent=2) + "\n")
+        write_json(output_dir / "metrics.json", record)
         print(f"[dmtp] drafter ({summary['injection']}) exported to {drafter_dir}")
         if tuned is not None:
             print(f"[dmtp] its jointly trained MTP: {drafter_dir / 'mtp.safetensors'} (the target checkpoint is unchanged)")

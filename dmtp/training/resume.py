@@ -3,9 +3,11 @@
 - A run directory belongs to one run. `claim_run_dir` marks it atomically when the run starts, so a
   second run pointed at the same directory fails up front instead of replacing the first one's
   checkpoints and drafter (default directories are unique anyway: see `dmtp.resolvers`).
-- `resume=<run dir>` continues that run from its newest checkpoint; `ckpt_path=<run>/checkpoints/<file>`
+- `resume=<run dir>` continues that run from its newest checkpoint that loads (a newer one that does not,
+  e.g. one damaged outside dmtp, is skipped and named in one line); `ckpt_path=<run>/checkpoints/<file>`
   continues from that file. Either way the run goes on in its own directory (checkpoints, logs and the
   exported drafter stay together); a checkpoint outside a `checkpoints/` folder starts a new directory.
+- A resumed run first removes the temporaries a killed save left in it (dmtp.atomic_io).
 - `checkpoint_shapes` / `check_checkpoint_fits` read a checkpoint before Lightning does (tensors only,
   `weights_only=True`), so a truncated file or one saved for another target, drafter or injection is
   one line naming `ckpt_path`, not a size-mismatch traceback after the trainer started.
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from dmtp.atomic_io import remove_stale_temporaries
 from dmtp.cli import reason
 
 RUN_MARKER = ".dmtp-run"      # written once, atomically, by the run that owns the directory
@@ -30,41 +33,67 @@ def run_dir_of(ckpt: str | Path) -> Path | None:
     return ckpt.parent.parent if ckpt.parent.name == CHECKPOINTS else None
 
 
-def newest_checkpoint(run_dir: str | Path) -> Path:
-    """`last.ckpt` (ModelCheckpoint's save_last) if present, else the most recently written `*.ckpt`."""
-    folder = Path(run_dir) / CHECKPOINTS
-    if (folder / "last.ckpt").is_file():
-        return folder / "last.ckpt"
-    found = sorted(folder.glob("*.ckpt"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
+def _checkpoints_newest_first(run_dir: Path) -> list[Path]:
+    """`<run>/checkpoints/*.ckpt`, the most recently written first (`last.ckpt` first on a tie: ModelCheckpoint
+    writes it right after the step's own file)."""
+    folder = run_dir / CHECKPOINTS
+    found = list(folder.glob("*.ckpt")) if folder.is_dir() else []
     if not found:
         raise FileNotFoundError(f"resume={run_dir}: no checkpoint under {folder} (nothing to resume)")
-    return found[-1]
+    return sorted(found, key=lambda p: (p.stat().st_mtime_ns, p.name == "last.ckpt"), reverse=True)
+
+
+def newest_loadable_checkpoint(run_dir: str | Path) -> Path:
+    """The newest checkpoint of the run that loads; the newer ones that do not are named in one line."""
+    run_dir = Path(run_dir)
+    skipped = []
+    for ckpt in _checkpoints_newest_first(run_dir):
+        try:
+            _load(ckpt)
+        except UnreadableCheckpoint as e:
+            skipped.append(f"{ckpt.name}, which {e.why}")
+            continue
+        if skipped:
+            print(f"[dmtp] resume: skipped {'; '.join(skipped)}; resuming from {ckpt}")
+        return ckpt
+    raise ValueError(f"resume={run_dir}: no checkpoint under {run_dir / CHECKPOINTS} loads: {'; '.join(skipped)}")
 
 
 def resume_plan(resume: str | None, ckpt_path: str | None) -> tuple[Path | None, Path | None]:
     """-> (checkpoint to load, run directory to continue in); (None, None) for a fresh run."""
+    run_dir = resumed_run_dir(resume, ckpt_path)
+    if resume:
+        return newest_loadable_checkpoint(run_dir), run_dir
+    if ckpt_path:
+        return Path(ckpt_path).expanduser(), run_dir
+    return None, None
+
+
+def resumed_run_dir(resume: str | None, ckpt_path: str | None) -> Path | None:
+    """The run directory a resume continues in (None for a fresh run), checked without loading anything."""
     if resume and ckpt_path:
         raise ValueError(f"give resume=<run dir> or ckpt_path=<file>, not both (resume={resume}, ckpt_path={ckpt_path})")
     if resume:
         run_dir = Path(resume).expanduser().absolute()
         if not run_dir.is_dir():
             raise FileNotFoundError(f"resume={resume}: no such run directory")
-        return newest_checkpoint(run_dir), run_dir
+        _checkpoints_newest_first(run_dir)
+        return run_dir
     if ckpt_path:
         ckpt = Path(ckpt_path).expanduser()
         if not ckpt.is_file():
             # Lightning would silently start from scratch on a missing "last" checkpoint.
             raise FileNotFoundError(f"ckpt_path {ckpt_path} does not exist: nothing to resume (resume=<run dir> "
                                     "finds a run's newest checkpoint)")
-        return ckpt, run_dir_of(ckpt)
-    return None, None
+        return run_dir_of(ckpt)
+    return None
 
 
 def hydra_run_dir(resume, ckpt_path, default: str) -> str:
     """`hydra.run.dir` (resolver `dmtp_run_dir`): the resumed run's directory, else `default`. Never
     raises: a bad resume/ckpt_path is reported by `train` as one line, not by Hydra as a traceback."""
     try:
-        _, run_dir = resume_plan(resume, ckpt_path)
+        run_dir = resumed_run_dir(resume, ckpt_path)
     except (ValueError, OSError):
         return default
     return str(run_dir) if run_dir else default
@@ -78,6 +107,8 @@ def claim_run_dir(run_dir: str | Path, resuming: bool) -> None:
     marker = run_dir / RUN_MARKER
     if resuming:
         marker.touch()
+        for folder in (run_dir, run_dir / CHECKPOINTS, run_dir / "drafter"):   # what a killed save left
+            remove_stale_temporaries(folder)
         return
     taken = f"{run_dir} already holds another training run ({{}}); continue it with resume={run_dir}, or leave " \
             "hydra.run.dir / paths.output_dir to their unique defaults"
@@ -101,17 +132,35 @@ def current_key(key: str) -> str:
     return key
 
 
-def checkpoint_shapes(ckpt: str | Path) -> dict[str, tuple[int, ...]]:
-    """The tensor shapes a checkpoint holds, read before anything is built (tensors only: nothing in
-    the file is executed)."""
+class UnreadableCheckpoint(ValueError):
+    def __init__(self, why: str):
+        super().__init__(why)
+        self.why = why
+
+
+def _load(ckpt: str | Path) -> dict:
+    """A checkpoint's contents, memory-mapped (tensors and plain values only: nothing in the file is
+    executed); UnreadableCheckpoint(why) when it is not a whole Lightning checkpoint."""
     try:
         state = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, ValueError) as e:
-        raise ValueError(f"ckpt_path {ckpt} is not a readable Lightning checkpoint written by dmtp ({reason(e)})") from None
-    saved = state.get("state_dict") if isinstance(state, dict) else None
-    if not isinstance(saved, dict):
-        raise ValueError(f"ckpt_path {ckpt} is not a Lightning checkpoint (no state_dict)")
-    return {current_key(k): tuple(v.shape) for k, v in saved.items()}
+        raise UnreadableCheckpoint(f"is not a readable Lightning checkpoint written by dmtp ({reason(e)})") from None
+    if not isinstance(state, dict) or not isinstance(state.get("state_dict"), dict):
+        raise UnreadableCheckpoint("is not a Lightning checkpoint (no state_dict)")
+    return state
+
+
+def read_checkpoint(ckpt: str | Path) -> dict:
+    """`_load`, or one line naming `ckpt_path`."""
+    try:
+        return _load(ckpt)
+    except UnreadableCheckpoint as e:
+        raise ValueError(f"ckpt_path {ckpt} {e.why}") from None
+
+
+def checkpoint_shapes(state: dict) -> dict[str, tuple[int, ...]]:
+    """The tensor shapes a checkpoint (`read_checkpoint`'s contents) holds, under today's names."""
+    return {current_key(k): tuple(v.shape) for k, v in state["state_dict"].items()}
 
 
 def check_checkpoint_fits(ckpt: str | Path, shapes: dict[str, tuple[int, ...]], module: torch.nn.Module) -> None:

@@ -1,0 +1,135 @@
+"""A resumed run is the run it continues: `resume=<run dir>` restores that run's own composed config, not
+today's defaults, and refuses any option that would change its model or data.
+
+Every checkpoint records the config the run was training with (`RecordRunConfig`, under `RECORD_KEY`,
+as YAML text: a plain string, readable with `weights_only=True`); runs from before that record resume
+from the config Hydra wrote when they started (`<run>/.hydra/config.yaml`).
+
+What a resume may change is `RESUME_MAY_CHANGE`, the one list (README, "Checkpoints and safety"): how long
+it runs, where and how it runs (device), reports and checkpoints, and what is measured after it. Anything
+else given with `resume=` (target, drafter, injection, data, model.*, seed, init_from, trainer.precision,
+debug / experiment presets, ...) is refused in one line when it differs from the run's own value; an
+option repeating the run's value is accepted.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+from omegaconf import DictConfig, OmegaConf
+
+RECORD_KEY = "dmtp_config"
+
+RESUME_MAY_CHANGE = (
+    "trainer.max_steps",            # extend (or shorten) the run
+    "trainer.enable_progress_bar", "trainer.log_every_n_steps",
+    "trainer.accelerator", "trainer.devices", "trainer.num_nodes",   # where it runs
+    "logger", "callbacks",          # what it reports and how often it checkpoints (the safety callbacks stay on)
+    "decode_eval",                  # the decoding measured after training
+    "paths", "resume", "hydra",     # where its files go (a resumed run stays in its own directory)
+)
+
+
+class RecordRunConfig(L.Callback):
+    """Writes the run's composed config into every checkpoint, so the run can be resumed from itself."""
+
+    def __init__(self, cfg: DictConfig):
+        self.text = OmegaConf.to_yaml(cfg, resolve=False)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        checkpoint[RECORD_KEY] = self.text
+
+
+def recorded_config(run_dir: Path, checkpoint: dict) -> DictConfig:
+    """The run's own config: the one recorded in `checkpoint` (its contents), else Hydra's record of its start."""
+    if isinstance(checkpoint.get(RECORD_KEY), str):
+        return OmegaConf.create(checkpoint[RECORD_KEY])
+    hydra_record = run_dir / ".hydra" / "config.yaml"
+    if hydra_record.is_file():
+        return OmegaConf.load(hydra_record)
+    raise ValueError(f"resume={run_dir}: the run records no config (its checkpoints predate the record and it has "
+                     f"no {hydra_record}); continue it with ckpt_path=<its checkpoint> and the options it was started with")
+
+
+def _leaves(node, prefix: str = "") -> dict:
+    if isinstance(node, dict) and node:
+        out = {}
+        for key, value in node.items():
+            out.update(_leaves(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+_ABSENT = object()
+
+
+def _get(tree: dict, key: str):
+    for part in key.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return _ABSENT
+        tree = tree[part]
+    return tree
+
+
+def _may_change(key: str) -> bool:
+    return any(key == allowed or key.startswith(allowed + ".") for allowed in RESUME_MAY_CHANGE)
+
+
+def _override_key(override: str) -> str:
+    key = override.lstrip("+~").split("=", 1)[0]
+    return key.split("@", 1)[0].replace("/", ".")
+
+
+def _covering(key: str, override_keys: dict[str, str]) -> str | None:
+    """The override that set `key` (an override of a whole group covers its keys)."""
+    for okey, override in override_keys.items():
+        if key == okey or key.startswith(okey + ".") or okey.startswith(key + "."):
+            return override
+    return None
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def resumed_config(cfg: DictConfig, saved: DictConfig, run_dir: Path, overrides: list[str] | None) -> DictConfig:
+    """The run's `saved` config, with the options given now that a resume may change.
+
+    `overrides`: the options given on the command line (Hydra's task overrides); a key they set that
+    differs from the run's value is taken if it is in RESUME_MAY_CHANGE, else refused. None (a config
+    composed in Python): every key of `cfg` counts as given."""
+    given = OmegaConf.to_container(cfg, resolve=False)
+    restored = OmegaConf.to_container(saved, resolve=False)
+    for key, value in given.items():   # sections added to dmtp since the run started: today's defaults
+        restored.setdefault(key, value)
+    now, before = _leaves(given), _leaves(restored)
+    changed = [k for k in sorted(set(now) | set(before)) if now.get(k, None) != before.get(k, None)]
+    override_keys = None
+    if overrides is not None:
+        override_keys = {_override_key(o): o for o in overrides}
+        # A preset of the global package (debug=, experiment=) sets keys all over the config: every change counts.
+        if all(_get(given, k) is not _ABSENT or _get(restored, k) is not _ABSENT for k in override_keys):
+            changed = [k for k in changed if _covering(k, override_keys)]
+    for key in changed:
+        if not _may_change(key):
+            who = (_covering(key, override_keys) if override_keys else None) or "the given config"
+            raise ValueError(f"resume={run_dir}: {who} would change the run's {key} ({_short(before.get(key))} -> "
+                             f"{_short(now.get(key))}); a resumed run keeps its model, data and seed (it may change only "
+                             f"{', '.join(RESUME_MAY_CHANGE)})")
+    for prefix in {next(a for a in RESUME_MAY_CHANGE if k == a or k.startswith(a + ".")) for k in changed}:
+        value = _get(given, prefix)
+        *parents, last = prefix.split(".")
+        node = restored
+        for part in parents:
+            node = node.setdefault(part, {})
+        if value is _ABSENT:
+            node.pop(last, None)
+        else:
+            node[last] = value
+    out = OmegaConf.create(restored)
+    OmegaConf.set_struct(out, True)
+    return out
+
+
+__all__ = ["RECORD_KEY", "RESUME_MAY_CHANGE", "RecordRunConfig", "recorded_config", "resumed_config"]
