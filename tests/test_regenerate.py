@@ -116,3 +116,89 @@ def test_training_on_regenerated_data(tmp_path, monkeypatch, capsys):
     assert all(1.0 <= record[f"walk/{d}/mtp415_tau"] <= 5.0 for d in ("code", "math", "prose"))
     shards = list((tmp_path / "home" / "cache").glob("regen-*/shard-*.safetensors"))
     assert shards, "the regenerated data were not cached"
+
+
+def _rewrite(path, change):
+    """Rewrite a shard's tensors through `change(tokens, lengths)`, keeping its metadata (a changed file)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(path), framework="pt") as f:
+        meta, data = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    change(data["tokens"], data["lengths"])
+    save_file(data, str(path), metadata=meta)
+
+
+def _out_of_vocab(vocab):
+    def change(tokens, lengths):   # a forged shard whose checksum matches: only the vocabulary bound catches it
+        tokens[0, 0] = vocab + 5
+    return change
+
+
+def _truncate(path):
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+
+
+def _garble(path):
+    with open(path, "r+b") as f:
+        f.seek(10)
+        f.write(b"\xff\x00" * 20)
+
+
+@pytest.mark.parametrize("damage", ["changed token", "changed length", "out-of-vocabulary id", "truncated", "garbled"])
+def test_a_damaged_shard_is_named_in_one_line_and_decoded_again(damage, micro_target, prompts, tmp_path, capsys):
+    settings = RegenSettings(new_tokens=NEW, batch_size=2, shard_size=2)
+    clean = regenerate(micro_target, prompts, settings, cache_root=tmp_path, progress=False)
+    shard = cache_dir_for(micro_target, prompts, settings, [micro_target.config.eos_token_id],
+                          tmp_path) / "shard-00001.safetensors"
+    assert shard.is_file()
+    vocab = micro_target.config.vocab_size
+    if damage == "changed token":
+        _rewrite(shard, lambda tokens, lengths: tokens[0].__setitem__(0, (int(tokens[0, 0]) + 1) % vocab))
+    elif damage == "changed length":
+        _rewrite(shard, lambda tokens, lengths: lengths.__setitem__(0, int(lengths[0]) - 1))
+    elif damage == "out-of-vocabulary id":
+        _rewrite(shard, _out_of_vocab(vocab))
+        from safetensors.torch import load_file, save_file
+
+        data = load_file(str(shard))
+        save_file(data, str(shard), metadata={"format": "pt", "sha256": regen_mod._checksum(data["tokens"],
+                                                                                            data["lengths"])})
+    else:
+        (_truncate if damage == "truncated" else _garble)(shard)
+    capsys.readouterr()
+    decoded = []
+    again = regenerate(micro_target, prompts, settings, cache_root=tmp_path, progress=False, on_shard=decoded.append)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line]
+    assert len(lines) == 1 and lines[0].startswith(f"[dmtp] regeneration cache: {shard} is damaged ("), lines
+    assert lines[0].endswith("); decoding it again")
+    assert decoded == [1] and again == clean
+    assert regenerate(micro_target, prompts, settings, cache_root=tmp_path, progress=False,
+                      on_shard=lambda i: pytest.fail("a repaired shard was decoded again")) == clean
+
+
+def test_two_runs_started_together_on_one_cache_decode_it_once(micro_target, prompts, tmp_path, capsys):
+    import threading
+    import time
+
+    settings = RegenSettings(new_tokens=NEW, batch_size=2, shard_size=2)
+    decoded, results = [], {}
+
+    def run(name, on_shard):
+        results[name] = regenerate(micro_target, prompts, settings, cache_root=tmp_path, progress=False,
+                                   on_shard=on_shard)
+
+    second = threading.Thread(target=run, args=("second", decoded.append))
+
+    def first_on_shard(index):
+        decoded.append(index)
+        if index == 0:   # the second run starts while the first is still writing
+            second.start()
+            time.sleep(1.0)
+
+    run("first", first_on_shard)
+    second.join()
+    assert sorted(decoded) == [0, 1, 2, 3]   # each shard decoded once, by one of the two runs
+    assert results["second"] == results["first"]
+    assert "waiting for another run that is writing the training data" in capsys.readouterr().out

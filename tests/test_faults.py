@@ -1,0 +1,185 @@
+"""Faults of the machine never cost a good checkpoint: a save killed mid-write or stopped by a full disk
+leaves the previous checkpoint intact (and no temporary after the next start), a full disk is one line
+(exit status 1) naming the file, and `resume=<run dir>` continues the run from itself: its newest
+checkpoint that loads, its own config, and only the options a resume may change."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from cli_runner import run_command
+from dmtp.configs import compose_train
+from dmtp.training.job import train
+
+QUIET = ["model.val_walk=false", "trainer.enable_progress_bar=false"]
+# A micro run checkpointing every step, as a user would start it (no .hydra record: the run must carry its config).
+MICRO_RUN = ["debug=tiny_budget", "logger=none", "callbacks=default", "~callbacks.lr_monitor",
+             "callbacks.model_checkpoint.every_n_train_steps=1", "data.max_examples=40", *QUIET]
+
+
+def train_cli(args, run_dir, monkeypatch, capsys):
+    return run_command("dmtp.train", args, run_dir, monkeypatch, capsys)
+
+
+def _step_of(ckpt: Path) -> int:
+    return torch.load(ckpt, weights_only=True)["global_step"]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A tmpfs whose size the test sets (`resize`), or None where this process cannot mount one."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    mounted = os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)],
+                                                   capture_output=True).returncode == 0
+    yield mnt if mounted else None
+    if mounted:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def _resize(mnt: Path, size: int) -> None:
+    subprocess.run(["mount", "-o", f"remount,size={size}", str(mnt)], check=True, capture_output=True)
+
+
+def _used(mnt: Path) -> int:
+    stat = os.statvfs(mnt)
+    return (stat.f_blocks - stat.f_bfree) * stat.f_frsize
+
+
+class _FullDiskFile:
+    """A file whose writes stop half-way with ENOSPC (where no tmpfs can be mounted)."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def write(self, data):
+        self.f.write(bytes(data)[:len(data) // 2])
+        raise OSError(28, os.strerror(28))
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+
+def test_a_full_disk_is_one_line_and_the_last_good_checkpoint_survives(small_disk, tmp_path, monkeypatch, capsys):
+    run_dir = (small_disk or tmp_path) / "run"
+    code, _, _ = train_cli([*MICRO_RUN, "trainer.max_steps=1"], run_dir, monkeypatch, capsys)
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert code == 0 and _step_of(last) == 1
+    good = last.read_bytes()
+    if small_disk is not None:   # room for less than one more checkpoint
+        _resize(small_disk, _used(small_disk) + len(good) // 2)
+    else:
+        import dmtp.atomic_io as atomic_io
+
+        monkeypatch.setattr(atomic_io, "open", lambda *a, **k: _FullDiskFile(open(*a, **k)), raising=False)
+    code, line, _ = train_cli([f"resume={run_dir}", "trainer.max_steps=3"], tmp_path / "unused", monkeypatch, capsys)
+    assert code == 1
+    assert line == (f"dmtp.train: error: cannot write {run_dir / 'checkpoints' / 'step000002.ckpt'}: no space left on "
+                    "device (the previous step000002.ckpt, if any, is left as it was)")
+    assert last.read_bytes() == good
+    assert not [p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith(".")]
+    if small_disk is not None:
+        _resize(small_disk, 64 << 20)
+    else:
+        monkeypatch.undo()
+    code, _, _ = train_cli([f"resume={run_dir}", "trainer.max_steps=3"], tmp_path / "unused", monkeypatch, capsys)
+    assert code == 0 and _step_of(last) == 3
+
+
+KILLED_SAVE = """
+import os, signal, sys, torch
+import dmtp.atomic_io as atomic_io
+from dmtp.training.checkpoint_io import AtomicCheckpointIO
+
+class Dying:   # writes half of the file, then the process is killed (no cleanup runs)
+    def __init__(self, f): self.f = f
+    def write(self, data):
+        self.f.write(bytes(data)[:len(data) // 2]); self.f.flush(); os.kill(os.getpid(), signal.SIGKILL)
+    def __getattr__(self, name): return getattr(self.f, name)
+    def __enter__(self): return self
+    def __exit__(self, *exc): self.f.close()
+
+state = torch.load(sys.argv[1], weights_only=True)
+state["global_step"] += 1
+atomic_io.open = lambda *a, **k: Dying(open(*a, **k))
+AtomicCheckpointIO().save_checkpoint(state, sys.argv[1])
+"""
+
+
+def test_a_save_killed_mid_write_leaves_the_checkpoint_and_the_next_start_cleans_up(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    train(compose_train(MICRO_RUN + ["trainer.max_steps=2"], output_dir=run_dir))
+    last = run_dir / "checkpoints" / "last.ckpt"
+    good = last.read_bytes()
+    killed = subprocess.run([sys.executable, "-c", KILLED_SAVE, str(last)], capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert last.read_bytes() == good
+    left = [p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith(".last.ckpt.tmp-")]
+    assert len(left) == 1 and 0 < left[0].stat().st_size < len(good)
+    summary = train(compose_train(MICRO_RUN + [f"resume={run_dir}", "trainer.max_steps=3"]))
+    assert summary["global_step"] == 3 and not left[0].exists()
+    assert "skipped" not in capsys.readouterr().out
+
+
+def test_resume_uses_the_newest_checkpoint_that_loads_and_names_the_one_it_skipped(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    train(compose_train(MICRO_RUN + ["trainer.max_steps=2"], output_dir=run_dir))
+    last, step2 = run_dir / "checkpoints" / "last.ckpt", run_dir / "checkpoints" / "step000002.ckpt"
+    with open(last, "r+b") as f:   # damaged outside dmtp (another tool, a disk fault)
+        f.truncate(os.path.getsize(last) // 3)
+    os.utime(last)   # and newer than every other checkpoint
+    capsys.readouterr()
+    summary = train(compose_train(MICRO_RUN + [f"resume={run_dir}", "trainer.max_steps=3"]))
+    out = [line for line in capsys.readouterr().out.splitlines() if "skipped" in line]
+    assert out == [f"[dmtp] resume: skipped last.ckpt, which is not a readable Lightning checkpoint written by dmtp "
+                   f"(PytorchStreamReader failed reading zip archive: failed finding central directory); resuming "
+                   f"from {step2}"]
+    assert summary["global_step"] == 3 and _step_of(last) == 3
+
+
+def test_resume_from_the_run_alone_restores_its_config_and_refuses_what_would_change_it(tmp_path, monkeypatch,
+                                                                                         capsys):
+    import dmtp.tiny.targets as targets
+
+    def only_micro(preset, *args, **kwargs):
+        raise AssertionError(f"a resumed micro run built the {preset} target")
+
+    monkeypatch.setattr(targets, "build_tiny_target", only_micro)
+    run_dir = tmp_path / "run"
+    code, _, _ = train_cli([*MICRO_RUN, "trainer.max_steps=2"], run_dir, monkeypatch, capsys)
+    assert code == 0
+    # As the README shows it: resume=<run dir> and nothing else (today's defaults are the tiny target).
+    code, line, out = train_cli([f"resume={run_dir}"], tmp_path / "unused", monkeypatch, capsys)
+    assert code == 0, line
+    metrics = (run_dir / "train_metrics.json").read_text()
+    assert "micro-" in metrics and f"exported to {run_dir / 'drafter'}" in out
+    # What a resume may change: the run's length, its logger and progress.
+    code, line, _ = train_cli([f"resume={run_dir}", "trainer.max_steps=3", "logger=csv", "trainer.enable_progress_bar=false"],
+                              tmp_path / "unused", monkeypatch, capsys)
+    assert code == 0 and _step_of(run_dir / "checkpoints" / "last.ckpt") == 3
+    # What would make it another run: one line, nothing run.
+    before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    for override, key, change in [("target=tiny", "target.preset", "'micro' -> 'tiny'"),
+                                  ("model.loss_gamma=2.0", "model.loss_gamma", "4.0 -> 2.0"),
+                                  ("seed=1", "seed", "0 -> 1"),
+                                  ("injection=raw_dflash", "injection._target_", "")]:
+        code, line, _ = train_cli([f"resume={run_dir}", override], tmp_path / "unused", monkeypatch, capsys)
+        assert code == 2 and line.startswith(f"dmtp.train: error: resume={run_dir}: {override} would change the run's "
+                                             f"{key} ({change}"), line
+        assert "a resumed run keeps its model, data and seed (it may change only trainer.max_steps" in line
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == before
+    # An option that repeats the run's own value is no change.
+    code, line, _ = train_cli([f"resume={run_dir}", "target=micro", "seed=0"], tmp_path / "unused", monkeypatch, capsys)
+    assert code == 0, line
