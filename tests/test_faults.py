@@ -80,11 +80,16 @@ def test_a_full_disk_is_one_line_and_the_last_good_checkpoint_survives(small_dis
     good = last.read_bytes()
     if small_disk is not None:   # room for less than one more checkpoint
         _resize(small_disk, _used(small_disk) + len(good) // 2)
-    else:
+    else:   # the checkpoints' disk is full
         import dmtp.atomic_io as atomic_io
 
-        monkeypatch.setattr(atomic_io, "open", lambda *a, **k: _FullDiskFile(open(*a, **k)), raising=False)
-    code, line, _ = train_cli([f"resume={run_dir}", "trainer.max_steps=3"], tmp_path / "unused", monkeypatch, capsys)
+        def full_disk_open(file, *args, **kwargs):
+            f = open(file, *args, **kwargs)
+            return _FullDiskFile(f) if Path(file).parent == last.parent else f
+
+        monkeypatch.setattr(atomic_io, "open", full_disk_open, raising=False)
+    resume = [*MICRO_RUN, f"resume={run_dir}", "trainer.max_steps=3"]
+    code, line, _ = train_cli(resume, tmp_path / "unused", monkeypatch, capsys)
     assert code == 1
     assert line == (f"dmtp.train: error: cannot write {run_dir / 'checkpoints' / 'step000002.ckpt'}: no space left on "
                     "device (the previous step000002.ckpt, if any, is left as it was)")
@@ -94,7 +99,7 @@ def test_a_full_disk_is_one_line_and_the_last_good_checkpoint_survives(small_dis
         _resize(small_disk, 64 << 20)
     else:
         monkeypatch.undo()
-    code, _, _ = train_cli([f"resume={run_dir}", "trainer.max_steps=3"], tmp_path / "unused", monkeypatch, capsys)
+    code, _, _ = train_cli(resume, tmp_path / "unused", monkeypatch, capsys)
     assert code == 0 and _step_of(last) == 3
 
 

@@ -178,27 +178,36 @@ def test_a_damaged_shard_is_named_in_one_line_and_decoded_again(damage, micro_ta
                       on_shard=lambda i: pytest.fail("a repaired shard was decoded again")) == clean
 
 
-def test_two_runs_started_together_on_one_cache_decode_it_once(micro_target, prompts, tmp_path, capsys):
+def test_two_runs_started_together_on_one_cache_decode_it_once(micro_target, prompts, tmp_path, monkeypatch, capsys):
     import threading
     import time
 
     settings = RegenSettings(new_tokens=NEW, batch_size=2, shard_size=2)
+    make_writer = regen_mod.make_writer
+
+    class Slow:   # decoding takes a while, as it does on a real target: the two runs overlap
+        def __init__(self, *args):
+            self.writer = make_writer(*args)
+
+        def generate(self, *args, **kwargs):
+            time.sleep(0.3)
+            return self.writer.generate(*args, **kwargs)
+
+    monkeypatch.setattr(regen_mod, "make_writer", Slow)
     decoded, results = [], {}
+    together = threading.Barrier(2)
 
-    def run(name, on_shard):
+    def run(name):
+        together.wait()
         results[name] = regenerate(micro_target, prompts, settings, cache_root=tmp_path, progress=False,
-                                   on_shard=on_shard)
+                                   on_shard=decoded.append)
 
-    second = threading.Thread(target=run, args=("second", decoded.append))
-
-    def first_on_shard(index):
-        decoded.append(index)
-        if index == 0:   # the second run starts while the first is still writing
-            second.start()
-            time.sleep(1.0)
-
-    run("first", first_on_shard)
-    second.join()
+    runs = [threading.Thread(target=run, args=(name,)) for name in ("first", "second")]
+    for t in runs:
+        t.start()
+    for t in runs:
+        t.join()
     assert sorted(decoded) == [0, 1, 2, 3]   # each shard decoded once, by one of the two runs
-    assert results["second"] == results["first"]
+    assert results["second"] == results["first"] == regenerate(micro_target, prompts, settings,
+                                                               cache_root=tmp_path / "alone", progress=False)
     assert "waiting for another run that is writing the training data" in capsys.readouterr().out
