@@ -188,3 +188,16 @@ def test_resume_from_the_run_alone_restores_its_config_and_refuses_what_would_ch
     # An option that repeats the run's own value is no change.
     code, line, _ = train_cli([f"resume={run_dir}", "target=micro", "seed=0"], tmp_path / "unused", monkeypatch, capsys)
     assert code == 0, line
+
+
+def test_a_run_from_before_the_config_record_resumes_from_hydras_record(tmp_path):
+    from omegaconf import OmegaConf
+
+    from dmtp.training.run_config import RECORD_KEY, recorded_config
+
+    with pytest.raises(ValueError, match=f"resume={tmp_path}: the run records no config .*ckpt_path="):
+        recorded_config(tmp_path, {"state_dict": {}})
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "config.yaml").write_text("seed: 3\ntarget:\n  preset: micro\n")
+    assert OmegaConf.to_container(recorded_config(tmp_path, {})) == {"seed": 3, "target": {"preset": "micro"}}
+    assert recorded_config(tmp_path, {RECORD_KEY: "seed: 5\n"}).seed == 5   # the checkpoint's own record first
