@@ -171,8 +171,8 @@ def test_resume_from_the_run_alone_restores_its_config_and_refuses_what_would_ch
     metrics = (run_dir / "train_metrics.json").read_text()
     assert "micro-" in metrics and f"exported to {run_dir / 'drafter'}" in out
     # What a resume may change: the run's length, its logger and progress.
-    code, line, _ = train_cli([f"resume={run_dir}", "trainer.max_steps=3", "logger=csv", "trainer.enable_progress_bar=false"],
-                              tmp_path / "unused", monkeypatch, capsys)
+    code, line, _ = train_cli([f"resume={run_dir}", "trainer.max_steps=3", "logger=csv",
+                               "trainer.enable_progress_bar=false"], tmp_path / "unused", monkeypatch, capsys)
     assert code == 0 and _step_of(run_dir / "checkpoints" / "last.ckpt") == 3
     # What would make it another run: one line, nothing run.
     before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
@@ -184,6 +184,9 @@ def test_resume_from_the_run_alone_restores_its_config_and_refuses_what_would_ch
         assert code == 2 and line.startswith(f"dmtp.train: error: resume={run_dir}: {override} would change the run's "
                                              f"{key} ({change}"), line
         assert "a resumed run keeps its model, data and seed (it may change only trainer.max_steps" in line
+    # A preset of the global package sets keys all over the config: named itself, with the first key it changes.
+    code, line, _ = train_cli([f"resume={run_dir}", "debug=fdr"], tmp_path / "unused", monkeypatch, capsys)
+    assert code == 2 and line.startswith(f"dmtp.train: error: resume={run_dir}: debug=fdr would change the run's "), line
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == before
     # An option that repeats the run's own value is no change.
     code, line, _ = train_cli([f"resume={run_dir}", "target=micro", "seed=0"], tmp_path / "unused", monkeypatch, capsys)

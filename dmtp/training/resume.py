@@ -72,7 +72,8 @@ def resume_plan(resume: str | None, ckpt_path: str | None) -> tuple[Path | None,
 def resumed_run_dir(resume: str | None, ckpt_path: str | None) -> Path | None:
     """The run directory a resume continues in (None for a fresh run), checked without loading anything."""
     if resume and ckpt_path:
-        raise ValueError(f"give resume=<run dir> or ckpt_path=<file>, not both (resume={resume}, ckpt_path={ckpt_path})")
+        raise ValueError(f"give resume=<run dir> or ckpt_path=<file>, not both (resume={resume}, "
+                         f"ckpt_path={ckpt_path})")
     if resume:
         run_dir = Path(resume).expanduser().absolute()
         if not run_dir.is_dir():

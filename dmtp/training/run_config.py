@@ -26,7 +26,8 @@ RESUME_MAY_CHANGE = (
     "trainer.accelerator", "trainer.devices", "trainer.num_nodes",   # where it runs
     "logger", "callbacks",          # what it reports and how often it checkpoints (the safety callbacks stay on)
     "decode_eval",                  # the decoding measured after training
-    "paths", "resume", "hydra",     # where its files go (a resumed run stays in its own directory)
+    "paths", "hydra",               # where its files go (a resumed run stays in its own directory)
+    "resume", "ckpt_path",          # how this run was continued (a run started from ckpt_path= resumes too)
 )
 
 
@@ -48,7 +49,8 @@ def recorded_config(run_dir: Path, checkpoint: dict) -> DictConfig:
     if hydra_record.is_file():
         return OmegaConf.load(hydra_record)
     raise ValueError(f"resume={run_dir}: the run records no config (its checkpoints predate the record and it has "
-                     f"no {hydra_record}); continue it with ckpt_path=<its checkpoint> and the options it was started with")
+                     f"no {hydra_record}); continue it with ckpt_path=<its checkpoint> and the options it was "
+                     "started with")
 
 
 def _leaves(node, prefix: str = "") -> dict:
@@ -105,18 +107,20 @@ def resumed_config(cfg: DictConfig, saved: DictConfig, run_dir: Path, overrides:
         restored.setdefault(key, value)
     now, before = _leaves(given), _leaves(restored)
     changed = [k for k in sorted(set(now) | set(before)) if now.get(k, None) != before.get(k, None)]
-    override_keys = None
+    override_keys, presets = None, ""
     if overrides is not None:
         override_keys = {_override_key(o): o for o in overrides}
         # A preset of the global package (debug=, experiment=) sets keys all over the config: every change counts.
-        if all(_get(given, k) is not _ABSENT or _get(restored, k) is not _ABSENT for k in override_keys):
+        presets = ", ".join(o for k, o in override_keys.items()
+                            if _get(given, k) is _ABSENT and _get(restored, k) is _ABSENT)
+        if not presets:
             changed = [k for k in changed if _covering(k, override_keys)]
     for key in changed:
         if not _may_change(key):
-            who = (_covering(key, override_keys) if override_keys else None) or "the given config"
+            who = (_covering(key, override_keys) if override_keys else None) or presets or "the given config"
             raise ValueError(f"resume={run_dir}: {who} would change the run's {key} ({_short(before.get(key))} -> "
-                             f"{_short(now.get(key))}); a resumed run keeps its model, data and seed (it may change only "
-                             f"{', '.join(RESUME_MAY_CHANGE)})")
+                             f"{_short(now.get(key))}); a resumed run keeps its model, data and seed (it may change "
+                             f"only {', '.join(RESUME_MAY_CHANGE)})")
     for prefix in {next(a for a in RESUME_MAY_CHANGE if k == a or k.startswith(a + ".")) for k in changed}:
         value = _get(given, prefix)
         *parents, last = prefix.split(".")
