@@ -1,12 +1,12 @@
 """Files a later step trusts are replaced whole or not at all: the one rule for every write dmtp makes.
 
-A file is written under a temporary name in its own directory (`.<name>.tmp-<pid>`), flushed and fsynced,
-then renamed over the final name (a rename within one filesystem is atomic), and the directory is
+A file is written under a temporary name in its own directory (`.<name>.tmp-<pid>-<thread>`), flushed and
+fsynced, then renamed over the final name (a rename within one filesystem is atomic), and the directory is
 fsynced so that the rename itself survives a crash. A kill or a full disk during the write leaves the
-previous file exactly as it was; the temporary is removed on failure, and one left by a killed process
-is removed by `remove_stale_temporaries` when the next run starts in that directory. A writer holds an
-exclusive lock on its temporary while it writes, so a temporary is "stale" exactly when nobody holds
-its lock (a pid, which the system reuses, is only in the name to make it recognisable).
+previous file exactly as it was; the temporary is removed on failure, and one left by a killed process is
+removed by `remove_stale_temporaries` when the next run starts in that directory. A writer holds an
+exclusive lock on its temporary while it writes, so a temporary is "stale" exactly when nobody holds its
+lock (a pid, which the system reuses, is only in the name to make it recognisable).
 
 A write that fails for a reason of the machine (disk full, quota, read-only, I/O error) raises
 `WriteFailed`: one line naming the file, which the commands report with exit status 1.
@@ -23,10 +23,11 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-TMP_MARK = ".tmp-"   # `.<name>.tmp-<pid>`
+TMP_MARK = ".tmp-"   # `.<name>.tmp-<pid>-<thread>`
 _OS_ERROR_IN_TEXT = re.compile(r"os error (\d+)")   # how safetensors (Rust) reports an OS error
 
 
@@ -35,7 +36,8 @@ class WriteFailed(OSError):
 
 
 def temporary_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}")
+    """`.<name>.tmp-<pid>-<thread>`: two writers of one file never share a temporary."""
+    return path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}-{threading.get_native_id()}")
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -89,14 +89,22 @@ def _instantiate_dict(node) -> list:
 ALWAYS_ON_CALLBACKS = (FiniteGuard, ResumableRNG)
 
 
+def _continued(cfg: DictConfig, ckpt_path, resumed_dir, overrides):
+    """-> (the config to run, the checkpoint's tensor shapes or None), read before anything is built.
+    `resume=` runs the run's own config (dmtp.training.run_config); `ckpt_path=` the one given."""
+    if ckpt_path is None:
+        return cfg, None
+    saved = read_checkpoint(ckpt_path)
+    if cfg.get("resume"):
+        cfg = resumed_config(cfg, recorded_config(resumed_dir, saved), resumed_dir, overrides)
+    return cfg, checkpoint_shapes(saved)
+
+
 def train(cfg: DictConfig, callbacks=(), overrides: list[str] | None = None) -> dict:
     """Run one training job; `callbacks` are extra Lightning callbacks (notebooks, tests). `overrides`: the
     options given on the command line, which `resume=` checks (dmtp.training.run_config); None: all of `cfg`."""
     ckpt_path, resumed_dir = resume_plan(cfg.get("resume"), cfg.ckpt_path)
-    saved = read_checkpoint(ckpt_path) if ckpt_path is not None else None   # fail before building
-    if cfg.get("resume"):   # the run's own config, not today's defaults
-        cfg = resumed_config(cfg, recorded_config(resumed_dir, saved), resumed_dir, overrides)
-    saved_shapes = checkpoint_shapes(saved) if saved is not None else None
+    cfg, saved_shapes = _continued(cfg, ckpt_path, resumed_dir, overrides)
     if resumed_dir is not None:   # continue in the run's own directory (Hydra already points there)
         with open_dict(cfg):
             cfg.paths.output_dir = str(resumed_dir)
