@@ -2,12 +2,12 @@
 set with every method through the one loop, print the comparison and write metrics.json."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from dmtp.atomic_io import write_json, write_text
 from dmtp.data.evalsets import build_turn_prompts
 from dmtp.decode.drafters import (drafter_target, find_latest_drafter, load_drafter_for, method_needs_mtp,
                                   mtp_for_drafter, no_drafter_for)
@@ -132,7 +132,7 @@ def compare_methods(cfg, named: set[str] | None = None) -> dict:
     print(text)
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "metrics.json").write_text(json.dumps(jsonable(metrics), indent=2) + "\n")
-    (out_dir / "table.txt").write_text(text + "\n")
+    write_json(out_dir / "metrics.json", jsonable(metrics))   # read by dmtp.report: replaced whole or not at all
+    write_text(out_dir / "table.txt", text + "\n")
     print(f"[dmtp] metrics written to {out_dir / 'metrics.json'}")
     return metrics
