@@ -19,6 +19,7 @@ USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError)
 ENVIRONMENT_FAULTS = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded",
                       errno.EROFS: "read-only file system"}
 _FAULT_TEXT = {os.strerror(code): what for code, what in ENVIRONMENT_FAULTS.items()}
+_RERUN = "free space or fix the filesystem and rerun"
 
 
 @contextmanager
@@ -40,12 +41,11 @@ def environment_fault(err: BaseException) -> str | None:
         seen.add(id(err))
         if isinstance(err, OSError) and err.errno in ENVIRONMENT_FAULTS:
             where = f" writing {err.filename}" if err.filename else ""
-            return f"{ENVIRONMENT_FAULTS[err.errno]}{where} ({err.strerror}); free space or fix the filesystem and rerun"
+            return f"{ENVIRONMENT_FAULTS[err.errno]}{where} ({err.strerror}); {_RERUN}"
         text = str(err)
         for os_text, what in _FAULT_TEXT.items():
             if os_text in text:
-                return f"{what} while writing ({type(err).__name__}: {reason(err)}); free space or fix the " \
-                       "filesystem and rerun"
+                return f"{what} while writing ({type(err).__name__}: {reason(err)}); {_RERUN}"
         err = err.__cause__ or err.__context__
     return None
 

@@ -6,23 +6,25 @@ turns every region into a wait for a descheduled thread: on a 2-core machine wit
 processes beside it, the tiny target's build ran 0.13-0.25 steps/s at 2 threads against 2.2 steps/s at
 1 thread under the same load (~5 steps/s at 2 threads idle; issue 24). The policy:
 
-- OpenMP's wait policy is PASSIVE (idle threads sleep instead of spinning). OpenMP reads it once, when
-  torch loads its runtime, so a command calls `claim_process()` in its `__main__` block, before anything
-  imports torch (Hydra's composition does: a resolver imports the training code). An OMP_WAIT_POLICY
-  the user set is kept.
-- `threads=auto`: the cores this process may use (physical ones, within its CPU affinity) minus the
-  other work running (the 1-minute load average, rounded), at least 1; so an idle machine uses every
-  core and a busy one degrades to one thread instead of collapsing. An OMP_NUM_THREADS the user set wins
-  over auto. `threads=N` (or DMTP_THREADS=N) sets N.
+- OpenMP's wait policy is PASSIVE (idle threads sleep instead of spinning): the spinning is what
+  collapses, not the second thread. OpenMP reads the policy once, when torch loads its runtime, so a
+  command calls `claim_process()` in its `__main__` block, before anything imports torch (Hydra's
+  composition does: a resolver imports the training code). An OMP_WAIT_POLICY the user set is kept.
+- `threads=auto`: one thread per physical core this process may use (its CPU affinity), as torch's own
+  default. Not fewer when the machine is loaded: a quick run of tools/bench_threads.py on the busy
+  2-core development machine (not published: nothing there is idle) had 2 PASSIVE threads at or
+  above 1 thread both with and without a busy core, and 2 spinning threads 7-60x slower; and a count
+  taken from the load would make a run's floating-point results (reductions split per thread) depend
+  on what else ran when it started, so a resumed run could differ from the uninterrupted one. An
+  OMP_NUM_THREADS the user set wins over auto; `threads=N` (or DMTP_THREADS=N) sets N.
 - Called from Python (a test, a notebook) rather than as a command, `auto` leaves the caller's thread
-  count alone: the process is the caller's, and results must not depend on the machine's load.
+  count alone: the process is the caller's.
 
 tools/bench_threads.py measures 1 vs 2 threads, with and without PASSIVE, idle and with one core busy;
-the rule for `auto` is to be revisited against its figures on an idle machine (BENCHMARKS.md).
+the rule is to be confirmed against its figures on an idle machine (BENCHMARKS.md).
 """
 from __future__ import annotations
 
-import math
 import os
 import sys
 
@@ -72,11 +74,6 @@ def physical_cores() -> int:
     return max(1, min(len(allowed), len(cores) or len(allowed)))
 
 
-def auto_threads(cores: int, load: float) -> int:
-    """The `auto` rule: the cores left by the other work running (load average, rounded), 1..cores."""
-    return max(1, min(cores, math.floor(cores - load + 0.5)))
-
-
 def apply_threads(setting=None) -> str:
     """Set torch's intra-op thread count by the policy; -> the run header's line saying what was chosen."""
     import torch
@@ -91,9 +88,8 @@ def apply_threads(setting=None) -> str:
     elif os.environ.get("OMP_NUM_THREADS", "").strip().isdigit():
         chosen, why = int(os.environ["OMP_NUM_THREADS"]), "auto: OMP_NUM_THREADS"
     else:
-        cores, load = physical_cores(), os.getloadavg()[0]
-        chosen = auto_threads(cores, load)
-        why = f"auto: {cores} core(s), load average {load:.2f}"
+        chosen = physical_cores()
+        why = f"auto: {chosen} physical core(s)"
     torch.set_num_threads(chosen)
     return f"[dmtp] threads: {chosen} ({why}); OpenMP wait policy: {wait_policy()}"
 

@@ -14,10 +14,8 @@ from dmtp import threads
 from dmtp.configs import compose_config
 
 
-@pytest.mark.parametrize("cores,load,expected", [(2, 0.0, 2), (2, 0.4, 2), (2, 0.6, 1), (2, 1.3, 1), (2, 9.0, 1),
-                                                 (8, 2.2, 6), (1, 0.0, 1)])
-def test_auto_uses_the_cores_left_by_other_work(cores, load, expected):
-    assert threads.auto_threads(cores, load) == expected
+def test_physical_cores_are_within_the_affinity():
+    assert 1 <= threads.physical_cores() <= len(os.sched_getaffinity(0))
 
 
 @pytest.mark.parametrize("setting,expected", [("auto", None), (None, None), (2, 2), ("3", 3)])
