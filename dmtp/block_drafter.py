@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from dmtp.injection import Injection, variant_of
-from dmtp.injection.catalogue import make_injection
+from dmtp.injection.catalogue import CATALOGUE, make_injection, variant
 from dmtp.models.drafter import DFlashDrafter, load_drafter, read_drafter_config, save_drafter
 from dmtp.models.drafter_factory import build_drafter, target_layer_ids_for
 from dmtp.models.drafter_fit import require_context_width
@@ -154,17 +154,61 @@ def load_block_drafter(path: str | Path, dtype: torch.dtype = torch.float32, inj
     `options` override the saved variant's own options (decoding-time ones, e.g. multi_mtp_zero_init's
     num_mtp_tokens / mtp_threshold)."""
     backbone, extra_tensors, meta = load_drafter(path, dtype=dtype)
+    section = Path(path) / "config.json"
+    if not isinstance(meta, dict) or not isinstance(meta.get("injection", ""), str) \
+            or not isinstance(meta.get("injection_kwargs", {}), dict):
+        raise ValueError(f'{section}: the "dmtp" section must be an object with "injection" (a variant name) '
+                         f'and "injection_kwargs" (an object); got {meta!r:.120}')
     saved_name = meta.get("injection", "raw_dflash")
+    if saved_name not in CATALOGUE:
+        raise ValueError(f"{section}: unknown injection variant {saved_name!r} in its \"dmtp\" section; "
+                         f"known: {', '.join(CATALOGUE)}")
     name = injection or saved_name
     kwargs = dict(meta.get("injection_kwargs", {}) if name == saved_name else {})
+    if name == saved_name:
+        _refuse_trained_option_changes(path, name, kwargs, options or {})
     kwargs.update(options or {})
     cfg = backbone.config
-    module = make_injection(name, cfg.hidden_size, len(cfg.target_layer_ids), cfg.mask_token_id, **kwargs)
+    try:
+        module = make_injection(name, cfg.hidden_size, len(cfg.target_layer_ids), cfg.mask_token_id, **kwargs)
+    except (ValueError, TypeError) as e:   # an option the variant does not have, or out of its range
+        raise ValueError(f"drafter {path}: {e}") from None
     drafter = BlockDrafter(backbone, module.to(dtype), f"drafter at {path}")
     if name == saved_name:
         state = {k[len(INJECTION_PREFIX):]: v for k, v in extra_tensors.items() if k.startswith(INJECTION_PREFIX)}
+        _require_injection_tensors(path, name, module, state, has_section=bool(meta))
         module.load_state_dict(state, strict=True)
     return drafter, meta
+
+
+def _refuse_trained_option_changes(path, name: str, saved: dict, options: dict) -> None:
+    """Only a variant's decoding-time options may change on load: the others (e.g. multi_mtp_zero_init's
+    max_mtp_tokens, the m its training drew from) are what the saved tensors learned."""
+    allowed = variant(name).cls.decoding_options
+    for key, value in options.items():
+        if key not in allowed and key in variant(name).options and saved.get(key) != value:
+            raise ValueError(f"drafter {path}: {name} was trained with {key}={saved.get(key)!r}, which decoding "
+                             f"cannot change (got {value!r}); its decoding-time options: "
+                             f"{', '.join(allowed) or 'none'}")
+
+
+def _require_injection_tensors(path, name: str, module: Injection, state: dict, has_section: bool) -> None:
+    """The `dmtp_injection.*` tensors are exactly the variant's: one line naming the file and the first
+    tensor missing, unexpected or of the wrong shape (not load_state_dict's multi-line RuntimeError)."""
+    where = Path(path) / "model.safetensors"
+    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    for key, tensor in state.items():
+        if key not in expected:
+            why = (f"but {Path(path) / 'config.json'} has no \"dmtp\" section naming their variant (it loads as "
+                   "raw_dflash)" if not has_section else f"which injection {name} does not have")
+            raise ValueError(f"{where}: unexpected tensor {INJECTION_PREFIX}{key}, {why}")
+        if tuple(tensor.shape) != expected[key]:
+            raise ValueError(f"{where}: tensor {INJECTION_PREFIX}{key} has shape {tuple(tensor.shape)}, injection "
+                             f"{name} expects {expected[key]}")
+    missing = [k for k in expected if k not in state]
+    if missing:
+        raise ValueError(f"{where}: missing tensor {INJECTION_PREFIX}{missing[0]} of injection {name} "
+                         f"({len(missing)} missing in all)")
 
 
 def tuned_mtp_path(path: str | Path) -> Path | None:

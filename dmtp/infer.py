@@ -11,7 +11,8 @@ ar / mtp415 / drafter. Prints a table and writes `metrics.json` to the run direc
     python -m dmtp.infer eval.name=prompts eval.path=my_prompts.jsonl   # {"prompt": ...} or {"text": ...} per line
 
 A command only: the work is done by dmtp.decode.compare (imported once Hydra has composed the config,
-so `--help` and `--cfg job` answer without loading torch).
+so `--help` and `--cfg job` answer without loading torch). Run as a command, it owns the process: the
+thread policy (dmtp.threads) is claimed before anything loads torch.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ import sys
 
 import hydra
 
-from dmtp.cli import drafter_path_shorthand, one_line_errors
+from dmtp.cli import drafter_path_shorthand, hydra_faults_one_line, one_line_errors
+from dmtp.threads import claim_process
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="infer")
@@ -27,8 +29,10 @@ def _hydra_main(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from dmtp.quiet import quiet_known_warnings
+    from dmtp.threads import apply_threads
 
     with one_line_errors("dmtp.infer"), quiet_known_warnings():
+        print(apply_threads(cfg.get("threads")))
         from dmtp.decode.compare import compare_methods
         from dmtp.decode.options import named_methods
 
@@ -37,8 +41,10 @@ def _hydra_main(cfg) -> None:
 
 def main() -> None:
     sys.argv = [sys.argv[0], *drafter_path_shorthand(sys.argv[1:])]
-    _hydra_main()
+    with hydra_faults_one_line("dmtp.infer"):
+        _hydra_main()
 
 
 if __name__ == "__main__":
+    claim_process()
     main()

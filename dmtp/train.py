@@ -1,22 +1,26 @@
 """Train a drafter: `python -m dmtp.train injection=<variant>` (Hydra; see conf/train.yaml).
 
 A command only: the job is dmtp.training.job.train, imported after Hydra has composed the config, so
-`--help` and `--cfg job` answer without loading torch, transformers or Lightning.
+`--help` and `--cfg job` answer without loading torch, transformers or Lightning. Run as a command, it
+owns the process: the thread policy (dmtp.threads) is claimed before anything loads torch.
 """
 from __future__ import annotations
 
 import hydra
 from omegaconf import DictConfig
 
-from dmtp.cli import one_line_errors
+from dmtp.cli import hydra_faults_one_line, one_line_errors
+from dmtp.threads import claim_process
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
-def main(cfg: DictConfig) -> float | None:
+def _hydra_main(cfg: DictConfig) -> float | None:
     from dmtp.quiet import plain_lightning_logging, quiet_known_warnings
+    from dmtp.threads import apply_threads
 
     plain_lightning_logging()
     with one_line_errors("dmtp.train"), quiet_known_warnings():
+        print(apply_threads(cfg.get("threads")))
         from hydra.core.hydra_config import HydraConfig
 
         from dmtp.training.job import train
@@ -25,5 +29,11 @@ def main(cfg: DictConfig) -> float | None:
     return summary.get("val/tau")
 
 
+def main() -> None:
+    with hydra_faults_one_line("dmtp.train"):
+        _hydra_main()
+
+
 if __name__ == "__main__":
+    claim_process()
     main()

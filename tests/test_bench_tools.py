@@ -34,3 +34,10 @@ def test_bench_decode_rejects_zero_reps(capsys):
         bench_decode.main(["--reps", "0"])
     assert e.value.code == 2
     assert "--reps must be at least 1" in capsys.readouterr().err
+
+
+def test_bench_threads_times_a_training_step_of_a_preset():
+    import bench_threads  # noqa: E402
+
+    result = bench_threads.child("micro", seconds=0.2)
+    assert result["steps"] >= 1 and result["steps_per_s"] > 0 and result["threads"] >= 1

@@ -58,6 +58,7 @@ class EvalRequest:
     domain: str  # e.g. "gsm8k"
     raw_prompt: str | None = None  # completion-style sets (HumanEval): text to continue, no chat template
     meta: dict[str, Any] = field(default_factory=dict)  # remaining public fields (answers, tests, category, ...)
+    source: str = ""  # where the record is: "<file> line <n>" (JSONL) or "<file> record <i>" (named in errors)
 
 
 # --------------------------------------------------------------------------- per-set specs
@@ -112,7 +113,8 @@ def _one_line(text: Any) -> str:
     return " ".join(str(text).split())
 
 
-def _read_jsonl(path: str) -> Iterator[dict]:
+def _read_jsonl(path: str) -> Iterator[tuple[str, dict]]:
+    """(\"line <n>\", record) for every non-blank line."""
     opener = gzip.open if path.endswith(".gz") else open
     try:
         with opener(path, "rt", encoding="utf-8") as f:
@@ -121,7 +123,7 @@ def _read_jsonl(path: str) -> Iterator[dict]:
                 if not line:
                     continue
                 try:
-                    yield json.loads(line)
+                    yield f"line {lineno}", json.loads(line)
                 except json.JSONDecodeError as e:
                     raise ValueError(f"{path}: line {lineno} is not valid JSON ({_one_line(e)})") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -139,7 +141,7 @@ def _read_json(path: str) -> Iterator[dict]:
     except json.JSONDecodeError as e:
         # a JSONL file saved with a .json name
         if e.msg.startswith("Extra data"):
-            yield from _read_jsonl(path)
+            yield from (rec for _, rec in _read_jsonl(path))
             return
         raise ValueError(f"{path}: not valid JSON ({_one_line(e)})") from None
     if isinstance(data, dict):
@@ -172,14 +174,15 @@ def _read_parquet(path: str) -> Iterator[dict]:
         yield from batch.to_pylist()
 
 
-def _read_file(path: str) -> Iterator[dict]:
+def _read_file(path: str) -> Iterator[tuple[str, dict]]:
+    """(where in the file, record): "line <n>" in JSONL, "record <i>" (0-based) in JSON and Parquet."""
     low = path.lower()
     if low.endswith(".jsonl") or low.endswith(".jsonl.gz"):
         return _read_jsonl(path)
     if low.endswith(".json"):
-        return _read_json(path)
+        return ((f"record {i}", rec) for i, rec in enumerate(_read_json(path)))
     if low.endswith(".parquet"):
-        return _read_parquet(path)
+        return ((f"record {i}", rec) for i, rec in enumerate(_read_parquet(path)))
     raise ValueError(f"{path}: unsupported file type (expected .jsonl, .jsonl.gz, .json or .parquet)")
 
 
@@ -274,32 +277,32 @@ def _load_hub(spec_str: str, spec: _SetSpec) -> Iterable[dict]:
     return ds
 
 
-def _iter_source(path: str, spec: _SetSpec) -> Iterator[tuple[str, dict]]:
-    """Yields (file the record came from, record)."""
+def _iter_source(path: str, spec: _SetSpec) -> Iterator[tuple[str, str, dict]]:
+    """Yields (file the record came from, where in it, record)."""
     if os.path.isfile(path):
-        for rec in _read_file(path):
-            yield path, rec
+        for where, rec in _read_file(path):
+            yield path, where, rec
         return
     if os.path.isdir(path):
         files = _dir_files(path, spec)
         if not files:
             if any(os.path.exists(os.path.join(path, m)) for m in ("state.json", "dataset_dict.json")):
                 src, rows = _load_from_disk(path, spec.hf_split)
-                for rec in rows:
-                    yield src, rec
+                for i, rec in enumerate(rows):
+                    yield src, f"record {i}", rec
                 return
             raise FileNotFoundError(f"{path}: directory holds no .jsonl/.json/.parquet files")
         for f in files:
-            for rec in _read_file(f):
-                yield f, rec
+            for where, rec in _read_file(f):
+                yield f, where, rec
         return
     if os.path.exists(path):
         raise ValueError(f"{path}: not a regular file or directory")
     looks_local = spec.local_only or path.startswith((".", "/", "~")) or path.lower().endswith(_DATA_SUFFIXES)
     if looks_local:
         raise FileNotFoundError(f"{path}: no such file or directory")
-    for rec in _load_hub(path, spec):
-        yield path, rec
+    for i, rec in enumerate(_load_hub(path, spec)):
+        yield path, f"record {i}", rec
 
 
 # --------------------------------------------------------------------------- record -> request
@@ -386,8 +389,10 @@ def load_eval_set(name: str, path: str, limit: int | None = None) -> list[EvalRe
     out: list[EvalRequest] = []
     if limit == 0:
         return out
-    for idx, (src, rec) in enumerate(_iter_source(path, spec)):
-        out.append(_to_request(key, spec, src, idx, rec))
+    for idx, (src, where, rec) in enumerate(_iter_source(path, spec)):
+        request = _to_request(key, spec, src, idx, rec)
+        request.source = f"{src} {where}"
+        out.append(request)
         if limit is not None and len(out) >= limit:
             break
     if not out:

@@ -41,6 +41,7 @@ from dmtp.decode.runners import make_target_runner
 from dmtp.decode.stage import Stage, present, restore, snapshot
 from dmtp.decode.verify import (accept_block_verification, accept_rejection_sampling, accept_target_only,
                                 probs_from_logits, sample_tokens)
+from dmtp.injection.base import BLOCK_CANDIDATES
 
 VERIFICATION_MODES = ("target_only", "rejection", "block")
 # The modes that verify drafts sampled from the proposers' q, each with its device-side acceptance rule.
@@ -71,8 +72,17 @@ class SamplingConfig:
         if self.top_k != int(self.top_k) or self.top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k}")
 
+    def check_vocabulary(self, vocab_size: int) -> None:
+        """top_k larger than the target's vocabulary is refused, not clamped: it would silently mean
+        "off" (every token kept), which the user did not write; 0 says that."""
+        if self.top_k > vocab_size:
+            raise ValueError(f"top_k={self.top_k} exceeds the target's vocabulary of {vocab_size} tokens; "
+                             f"use top_k in 1..{vocab_size}, or 0 (off)")
+
     @property
     def greedy(self) -> bool:
+        """A temperature > 0, however small, samples (dmtp.models.temperature scales it without overflow:
+        a tiny one is the greedy one-hot, the limit of softmax(x / T))."""
         return self.temperature <= 0.0
 
     @property
@@ -93,6 +103,7 @@ class DecodeState:
         self.num_candidates = k = num_candidates
         self.width = w = k + 1
         self.vocab_size = vocab_size
+        sampling.check_vocabulary(vocab_size)
         self.sampling = sampling
         self.runner = runner
         self.max_new_cap = max_new
@@ -546,16 +557,27 @@ def _progress(total: int, desc: str, enabled: bool):
 # method factory
 # ---------------------------------------------------------------------------------------------------
 
-def parse_mtp_steps(method: str) -> int | None:
-    """`mtp415` -> 4 (k=4, top-1, 5 verify slots); `mtp` -> None (use the configured steps);
-    `mtp:<k>` -> k. Other names -> ValueError."""
+def parse_mtp_steps(method: str, mtp_steps: int = 4) -> int:
+    """How many steps the MTP chains per round for an MTP method: `mtp415` -> 4 (k=4, top-1, 5 verify
+    slots), `mtp` -> `mtp_steps` (dmtp.infer's option), `mtp:<k>` -> k. Other names -> ValueError.
+
+    The limit: 1..BLOCK_CANDIDATES. The native MTP is trained for one step (one layer predicting the
+    token after next) and chained beyond it; every method proposes at most the block's 7 candidates
+    (the target verifies [A, c1..c7]), as the drafters and multi-step MTP (max_mtp_tokens) do. A chain
+    of 0 proposes nothing (that is `ar`)."""
     if method == "mtp415":
         return 4
     if method == "mtp":
-        return None
-    if method.startswith("mtp:") and method[4:].isdigit():
-        return int(method[4:])
-    raise ValueError(f"not an MTP method name: {method!r}")
+        steps, named = mtp_steps, f"mtp_steps={mtp_steps}"
+    elif method.startswith("mtp:") and method[4:].isdigit():
+        steps, named = int(method[4:]), f"method {method}"
+    else:
+        raise ValueError(f"not an MTP method name: {method!r}")
+    if type(steps) is not int or not 1 <= steps <= BLOCK_CANDIDATES:
+        raise ValueError(f"{named}: the MTP chains 1..{BLOCK_CANDIDATES} steps per round (the block's "
+                         f"{BLOCK_CANDIDATES} candidates; the MTP itself is trained for one step and chained); "
+                         "use ar for no drafts")
+    return steps
 
 
 def build_proposer(method: str, target, mtp=None, drafter=None, mtp_steps: int = 4,
@@ -567,7 +589,7 @@ def build_proposer(method: str, target, mtp=None, drafter=None, mtp_steps: int =
     if method.startswith("mtp"):
         if mtp is None:
             raise ValueError(f"method {method!r} needs the target's native MTP")
-        steps = parse_mtp_steps(method) or mtp_steps
+        steps = parse_mtp_steps(method, mtp_steps)
         return MTPChainProposer(mtp, steps, name=name or method)
     if method == "drafter":
         if drafter is None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from dmtp.decode.loop import SamplingConfig
+from dmtp.decode.loop import SamplingConfig, parse_mtp_steps
 
 TRUNCATE_MODES = (None, "left")   # eval.truncate
 
@@ -38,6 +38,9 @@ def decode_options(cfg) -> SamplingConfig:
     if cfg.eval.get("truncate") not in TRUNCATE_MODES:
         raise ValueError(f"eval.truncate must be null (refuse a prompt the target cannot take) or left, "
                          f"got {cfg.eval.truncate!r}")
+    # The MTP chains' lengths (mtp_steps even when no plain `mtp` method uses it): now, not after loading.
+    for method in ["mtp", *(str(m) for m in cfg.methods if str(m).startswith("mtp"))]:
+        parse_mtp_steps(method, cfg.mtp_steps)
     return SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, verification=cfg.verification)
 
 

@@ -19,7 +19,15 @@ def eval_set_prompts(tokenizer, name: str, path: str, num_prompts: int) -> tuple
     if not path:
         raise ValueError(f"eval.name={name} needs eval.path (a local file or directory)")
     requests = load_eval_set(name, path, limit=num_prompts)
-    return requests, {name: [build_turn_prompts(tokenizer, r, [], use_raw_prompt=True) for r in requests]}
+    if num_prompts is not None and len(requests) < num_prompts:   # decode what there is, and say so
+        print(f"[dmtp] {path} holds {len(requests)} prompt(s), fewer than num_prompts={num_prompts}: "
+              f"decoding {len(requests)}")
+    prompts = [build_turn_prompts(tokenizer, r, [], use_raw_prompt=True) for r in requests]
+    for request, prompt in zip(requests, prompts):
+        if not prompt:
+            raise ValueError(f"{request.source}: empty prompt ({request.id} encodes to no tokens); "
+                             "give it text to continue, or remove the record")
+    return requests, {name: prompts}
 
 
 def prompt_limit(target, max_new_tokens: int, block: int) -> tuple[int | None, str]:

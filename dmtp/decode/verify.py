@@ -29,8 +29,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from dmtp.models.temperature import scale_logits
+
 __all__ = [
     "probs_from_logits",
+    "scale_logits",
     "sample_tokens",
     "sample_from_probs",
     "accept_target_only",
@@ -76,8 +79,7 @@ def probs_from_logits(
         return torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter_(
             -1, idx, 1.0
         )
-    scaled = logits.float() / float(temperature)
-    scaled = _filter_logits(scaled, top_k=top_k, top_p=top_p)
+    scaled = _filter_logits(scale_logits(logits, temperature), top_k=top_k, top_p=top_p)
     return torch.softmax(scaled, dim=-1)
 
 

@@ -44,6 +44,9 @@ class Injection(nn.Module):
     # Whether the target's MTP must be loaded for this variant: the one answer training, decoding and
     # the entry points ask for (derived per class from the two above, never set by hand).
     needs_mtp: bool = True
+    # The options a saved drafter may be given at decoding time (dmtp.infer's drafter.injection_options);
+    # every other option is what its tensors were trained with and is fixed on load.
+    decoding_options: tuple[str, ...] = ()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -42,6 +42,7 @@ def _check_options(max_mtp_tokens, mtp_threshold, num_mtp_tokens) -> None:
                   label="[A, E(T1..Tm)+D, MASK x(7-m)]")
 class MultiMTPZeroInit(Injection):
     first_slot_offset = 0
+    decoding_options = ("num_mtp_tokens", "mtp_threshold")   # max_mtp_tokens (M) is what it was trained for
 
     def __init__(self, hidden_size, num_target_features, mask_token_id, max_mtp_tokens: int = 3,
                  mtp_threshold: float | None = None, num_mtp_tokens: int | None = None):

@@ -30,10 +30,12 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from dmtp.atomic_io import save_safetensors, write_json
+from dmtp.models.drafter_config_check import check_mask_token, check_raw_drafter_config
 from dmtp.models.qwen3 import (Qwen3DecoderLayer, RMSNorm, additive_mask, attend, init_linear_, rope_cos_sin,
                                rope_inv_freq)
 from dmtp.models.rope_config import DEFAULT_ROPE_THETA, rope_theta
 from dmtp.models.safe_weights import require_finite, unreadable
+from dmtp.models.temperature import scale_logits
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
@@ -364,7 +366,7 @@ def default_sampler(temperature: float = 0.0, generator: torch.Generator | None 
     def pick(scores: torch.Tensor):
         if temperature <= 0:
             return scores.argmax(-1), None
-        q = torch.softmax(scores.float() / temperature, dim=-1)
+        q = torch.softmax(scale_logits(scores, temperature), dim=-1)
         idx = torch.multinomial(q.reshape(-1, q.shape[-1]), 1, generator=generator).view(q.shape[:-1])
         return idx, q
     return pick
@@ -441,7 +443,12 @@ def load_drafter(path, dtype: torch.dtype = torch.float32):
         if not os.path.isfile(p):
             raise FileNotFoundError(f"drafter file not found: {p}")
     raw = read_drafter_config(path)
-    config = DFlashConfig.from_hf_config(raw)
+    check_raw_drafter_config(raw, cfg_path)
+    try:
+        config = DFlashConfig.from_hf_config(raw)
+    except (ValueError, TypeError, KeyError) as e:   # a field of the wrong kind or out of range
+        raise ValueError(f"{cfg_path}: {e}") from None
+    check_mask_token(config.mask_token_id, config.vocab_size, cfg_path)
     with torch.device("meta"):
         drafter = drafter_class(config)(config)
     expected = {k: v.shape for k, v in drafter.state_dict().items()}

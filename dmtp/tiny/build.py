@@ -5,34 +5,52 @@
     python -m dmtp.tiny.build --preset tiny_hybrid   # Qwen3.5 hybrid (gated DeltaNet + attention)
     python -m dmtp.tiny.build --preset micro_hybrid  # its test target
     python -m dmtp.tiny.build --evaluate --out <dir> # recompute a built target's held-out figures
+    DMTP_THREADS=1 python -m dmtp.tiny.build ...     # or --threads 1: the CPU threads (default: auto, dmtp.threads)
+
+The library (and torch) is imported after the thread policy is applied: OpenMP's wait policy must be in
+the environment before torch loads its runtime.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
+from dmtp.cli import environment_faults_one_line, one_line_errors
+from dmtp.threads import claim_process
 from dmtp.tiny.presets import PRESETS
-from dmtp.tiny.targets import build_tiny_target, default_target_dir, reevaluate_target
+
+PROG = "dmtp.tiny.build"
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="tiny", help=" | ".join(PRESETS))
     parser.add_argument("--out", default=None, help="target directory (default: $DMTP_HOME/targets/<preset>-<hash>)")
     parser.add_argument("--force", action="store_true", help="rebuild even if a cached target exists")
     parser.add_argument("--evaluate", action="store_true",
                         help="only recompute the held-out figures of an already built target")
+    parser.add_argument("--threads", default=os.environ.get("DMTP_THREADS", "auto"),
+                        help="CPU threads: auto (default; dmtp.threads) or N; default from $DMTP_THREADS")
     args = parser.parse_args(argv)
-    path = Path(args.out) if args.out else default_target_dir(args.preset)
-    if args.evaluate:
-        print(json.dumps(reevaluate_target(path), indent=2))
-        return
-    if args.force or not (path / "build_report.json").exists():
-        build_tiny_target(args.preset, path)
-    else:
-        print(f"[dmtp] {args.preset} target already built at {path}")
+    with environment_faults_one_line(PROG), one_line_errors(PROG):
+        from dmtp.threads import apply_threads
+
+        print(apply_threads(args.threads))
+        from dmtp.tiny.targets import build_tiny_target, default_target_dir, reevaluate_target
+
+        path = Path(args.out) if args.out else default_target_dir(args.preset)
+        if args.evaluate:
+            print(json.dumps(reevaluate_target(path), indent=2))
+            return
+        if args.force or not (path / "build_report.json").exists():
+            build_tiny_target(args.preset, path)
+        else:
+            print(f"[dmtp] {args.preset} target already built at {path}")
 
 
 if __name__ == "__main__":
+    claim_process()
     main()

@@ -1,0 +1,90 @@
+"""A full disk is an environment fault: wherever the write fails (Hydra's copy of the config, a file the job
+writes, the safetensors export), the command ends with one line saying so and exit status 1 (issue 24, 5)."""
+from __future__ import annotations
+
+import errno
+import os
+import sys
+
+import pytest
+from hydra.core.global_hydra import GlobalHydra
+from safetensors import SafetensorError
+
+from cli_runner import HYDRA_QUIET, run_command
+from dmtp.cli import environment_fault
+
+NO_SPACE = os.strerror(errno.ENOSPC)
+RERUN = "free space or fix the filesystem and rerun"
+# What safetensors' writer raises on a full disk (its Rust error, quoting the OS; no errno, no path).
+SAFETENSORS_FULL = f'Error while serializing: IoError(Os {{ code: 28, kind: StorageFull, message: "{NO_SPACE}" }})'
+
+
+def _disk_full(path=None):
+    return OSError(errno.ENOSPC, NO_SPACE, *([str(path)] if path else []))
+
+
+def test_hydras_own_config_write_is_one_line(tmp_path, micro_target_dir, monkeypatch, capsys):
+    import hydra.core.utils
+
+    def save_config(cfg, filename, output_dir):
+        raise _disk_full(output_dir / filename)
+
+    monkeypatch.setattr(hydra.core.utils, "_save_config", save_config)
+    run_dir = tmp_path / "run"
+    # As run_command, but Hydra writes its .hydra/ copy of the config (the quiet options turn it off).
+    monkeypatch.setattr(sys, "argv", ["dmtp.infer", f"target.path={micro_target_dir}", "methods=[ar]",
+                                      f"hydra.run.dir={run_dir}", *HYDRA_QUIET[:2]])
+    monkeypatch.setenv("HYDRA_MAIN_MODULE", "__main__")
+    from dmtp.infer import main
+
+    with pytest.raises(SystemExit) as exit_:
+        try:
+            main()
+        finally:
+            GlobalHydra.instance().clear()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 1 and err == [
+        f"dmtp.infer: error: disk full writing {run_dir / '.hydra' / 'config.yaml'} ({NO_SPACE}); {RERUN}"]
+
+
+def test_a_write_in_the_job_is_one_line(tmp_path, micro_target_dir, monkeypatch, capsys):
+    import dmtp.decode.compare
+
+    def dumps(*args, **kwargs):   # metrics.json is written after decoding: its write fails as on a full disk
+        raise _disk_full()
+
+    monkeypatch.setattr(dmtp.decode.compare.json, "dumps", dumps)
+    code, line, _ = run_command("dmtp.infer", [f"target.path={micro_target_dir}", "methods=[ar]", "num_prompts=1",
+                                               "eval.domains=[code]", "max_new_tokens=2", "eval.prompt_tokens=8",
+                                               "progress=false", "warmup=false"], tmp_path / "run", monkeypatch,
+                                capsys)
+    assert (code, line) == (1, f"dmtp.infer: error: disk full ({NO_SPACE}); {RERUN}")
+
+
+def test_the_safetensors_writers_fault_is_recognised():
+    """safetensors raises its own error on a full disk, quoting the OS's text without an errno (the drafter
+    export and the regeneration cache write with it); the command layer's handler above reads it."""
+    assert environment_fault(SafetensorError(SAFETENSORS_FULL)) == (
+        f"disk full while writing (SafetensorError: {SAFETENSORS_FULL}); {RERUN}")
+
+
+@pytest.mark.parametrize("err,expected", [
+    (_disk_full("/x/last.ckpt"), f"disk full writing /x/last.ckpt ({NO_SPACE}); {RERUN}"),
+    (OSError(errno.EDQUOT, os.strerror(errno.EDQUOT)), f"disk quota exceeded ({os.strerror(errno.EDQUOT)}); {RERUN}"),
+    (OSError(errno.EROFS, os.strerror(errno.EROFS), "/ro/a"),
+     f"read-only file system writing /ro/a ({os.strerror(errno.EROFS)}); {RERUN}"),
+    (OSError(errno.ENOENT, "No such file or directory", "/x"), None),
+    (ValueError("bad value"), None),
+])
+def test_which_errors_are_environment_faults(err, expected):
+    assert environment_fault(err) == expected
+
+
+def test_a_wrapped_fault_is_found_in_the_chain():
+    try:
+        try:
+            raise _disk_full("/x/a")
+        except OSError as inner:
+            raise RuntimeError("saving the checkpoint failed") from inner
+    except RuntimeError as outer:
+        assert environment_fault(outer) == f"disk full writing /x/a ({NO_SPACE}); {RERUN}"
