@@ -48,12 +48,12 @@ def test_hydras_own_config_write_is_one_line(tmp_path, micro_target_dir, monkeyp
 
 
 def test_a_write_in_the_job_is_one_line(tmp_path, micro_target_dir, monkeypatch, capsys):
-    import dmtp.decode.compare
+    import dmtp.atomic_io
 
     def dumps(*args, **kwargs):   # metrics.json is written after decoding: its write fails as on a full disk
         raise _disk_full()
 
-    monkeypatch.setattr(dmtp.decode.compare.json, "dumps", dumps)
+    monkeypatch.setattr(dmtp.atomic_io.json, "dumps", dumps)
     code, line, _ = run_command("dmtp.infer", [f"target.path={micro_target_dir}", "methods=[ar]", "num_prompts=1",
                                                "eval.domains=[code]", "max_new_tokens=2", "eval.prompt_tokens=8",
                                                "progress=false", "warmup=false"], tmp_path / "run", monkeypatch,
