@@ -72,7 +72,7 @@ def test_a_published_drafter_loads_as_raw_dflash_and_reinjects(micro_target, tmp
 
 def test_context_width_mismatch_is_one_line(micro_target):
     backbone = fresh_drafter_for(micro_target, "raw_dflash", 3).backbone
-    wider = make_injection("context_fusion", micro_target.hidden_size, 1, 3)
+    wider = make_injection("context_fusion", micro_target.hidden_size, 1, 3, 8)
     with pytest.raises(ValueError, match="^drafter has context width 64 \\(its fc input\\), but the injection "
                                          "ContextFusion builds 128$"):
         BlockDrafter(backbone, wider)
