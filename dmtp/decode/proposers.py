@@ -129,9 +129,6 @@ class DrafterState:
         self.drafter, self.injection = drafter, drafter.injection
         self.embed_weight, self.lm_head_weight = embed_weight, lm_head_weight
 
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.drafter.embed(ids, self.embed_weight)
-
     @property
     def context_caches(self) -> tuple:
         """The context K/V, which `append` writes at the verified rows (positions >= the committed length)."""
@@ -224,18 +221,18 @@ class MTPChainProposer(Proposer):
         m, k = self.mtp_state, self.num_candidates
 
         def chain():
-            chain = m.chain(st, k)
-            st.candidates.copy_(chain.tokens)
+            out = m.chain(st, k)
+            st.candidates.copy_(out.tokens)
             if st.q is not None:
-                st.q.copy_(chain.q)
+                st.q.copy_(out.q)
 
         return [Stage("mtp", chain, writes=present(st.candidates, st.q), scratch=(m.cache,))]
 
 
 class DrafterProposer(Proposer):
-    """A DFlash drafter (raw or DMTP): K = block_size - 1 candidates, the MTP's T1..Tm first when the injection uses it
-    (m = 1 but for the multi-step variant, whose S-step MTP chain runs every round, m chosen per
-    request from it)."""
+    """A DFlash drafter (raw or DMTP): K = block_size - 1 candidates, the MTP's T1..Tm first when the
+    injection uses it (m = 1 but for the multi-step variant, whose S-step MTP chain runs every round, m
+    chosen per request from it)."""
 
     def __init__(self, drafter: BlockDrafter, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor,
                  mtp: NativeMTP | None = None, name: str = "drafter"):
