@@ -15,6 +15,7 @@ Layering: models (target, MTP, backbones) -> injection (variants) -> this module
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,22 +23,50 @@ from torch import nn
 
 from dmtp.injection import Injection, variant_of
 from dmtp.injection.catalogue import CATALOGUE, make_injection, variant
-from dmtp.models.drafter import DFlashDrafter, load_drafter, read_drafter_config, save_drafter
+from dmtp.models.drafter import (DFlashConfig, DFlashDrafter, load_drafter, read_drafter_config, require_block_size,
+                                 save_drafter)
 from dmtp.models.drafter_factory import build_drafter, target_layer_ids_for
-from dmtp.models.drafter_fit import require_context_width
+from dmtp.models.drafter_fit import require_block_fit, require_context_width
 from dmtp.models.mtp_loading import TUNED_MTP_NAME, save_tuned_mtp
 
 INJECTION_PREFIX = "dmtp_injection."
 
 
+@dataclass
+class MTPBlockInputs:
+    """What the MTP gives each block: tokens [..., S] (T1..TS), hidden [..., S, H] (h_j predicted T_j),
+    num [...] (m: how many of them the block uses, 1..S) and, when drafts are sampled, their proposal
+    distributions q [..., S, V]."""
+    tokens: torch.Tensor
+    hidden: torch.Tensor
+    num: torch.Tensor
+    q: torch.Tensor | None = None
+
+
+@dataclass
+class DraftedBlock:
+    """`BlockDrafter.draft_block`'s answer for blocks [B, N]: the drafter's final hidden states at the
+    predicted slots [B, N, n_pred, H]; the token before the first predicted slot [B, N]; and, when an
+    LM head was given, the block's K candidates [B, N, K] (the MTP's T1..Tm first) with their q
+    [B, N, K, V] when sampled."""
+    hidden: torch.Tensor
+    previous: torch.Tensor
+    candidates: torch.Tensor | None = None
+    q: torch.Tensor | None = None
+
+
 class BlockDrafter(nn.Module):
     """`backbone` (DFlashDrafter / DFlash2Drafter, the published tensors) + `injection` (the variant:
     slots, context features, MTP tokens per block). The backbone's hooks are forwarded, so callers
-    treat the unit as the drafter; the injection's layout questions go to `drafter.injection`."""
+    treat the unit as the drafter; the injection's layout questions go to `drafter.injection`.
+
+    The block width B is the backbone's `block_size` (config.json, the checkpoint); the injection may
+    verify a shorter block at decoding time (`load_block_drafter(block_size=...)`), never a longer one."""
 
     def __init__(self, backbone: DFlashDrafter, injection: Injection, what: str = "drafter"):
         super().__init__()
         require_context_width(backbone.config, injection, what)
+        require_block_fit(backbone.config, injection, what)
         self.backbone = backbone
         self.injection = injection
 
@@ -45,9 +74,10 @@ class BlockDrafter(nn.Module):
     def around(cls, backbone: DFlashDrafter, injection, what: str = "drafter") -> "BlockDrafter":
         """A new injection (variant name or factory, see `build_block_drafter`) for an existing backbone
         (init_from: continue a published DFlash drafter as a DMTP variant); `what` names the backbone
-        in the error when its context width does not fit."""
+        in the error when its context width does not fit. The blocks are the backbone's own width."""
         c = backbone.config
-        return cls(backbone, _make(injection, c.hidden_size, len(c.target_layer_ids), c.mask_token_id), what)
+        return cls(backbone, _make(injection, c.hidden_size, len(c.target_layer_ids), c.mask_token_id, c.block_size),
+                   what)
 
     # -- what the unit is -------------------------------------------------------------------------
     @property
@@ -70,6 +100,60 @@ class BlockDrafter(nn.Module):
     @property
     def auxiliary_loss_name(self) -> str | None:
         return self.backbone.auxiliary_loss_name
+
+    @property
+    def block_size(self) -> int:
+        """B, the block this unit drafts and the target verifies: [A, c1..c_{B-1}]."""
+        return self.injection.block_size
+
+    @property
+    def num_candidates(self) -> int:
+        return self.injection.num_candidates
+
+    # -- drafting a block: slots -> one forward -> candidates (every caller, training included) -----
+    def block_slots(self, embed_weight: torch.Tensor, anchor_tokens: torch.Tensor,
+                    mtp: MTPBlockInputs | None = None, mtp_grad: bool = False) -> torch.Tensor:
+        """The drafter's input slots of blocks [B, N] (anchor tokens A; the MTP's tokens and hiddens per
+        block, None when the variant uses no MTP token) -> [B, N, num_slots, H], through the injection."""
+        b, n = anchor_tokens.shape
+        tokens = hidden = num = None
+        if mtp is not None:
+            tokens, hidden, num = mtp.tokens.flatten(0, 1), mtp.hidden.flatten(0, 1), mtp.num.flatten()
+        embed = lambda ids: self.embed(ids, embed_weight)  # noqa: E731
+        slots = self.injection.build_block(embed, anchor_tokens.flatten(), tokens, hidden, num, mtp_grad=mtp_grad)
+        return slots.view(b, n, *slots.shape[1:])
+
+    def draft_block(self, embed_weight: torch.Tensor, anchor_tokens: torch.Tensor, anchor_positions: torch.Tensor,
+                    ctx_kv, ctx_positions: torch.Tensor, mtp: MTPBlockInputs | None = None, *,
+                    keep: torch.Tensor | None = None, lm_head_weight: torch.Tensor | None = None, sampler=None,
+                    slots: torch.Tensor | None = None, mtp_grad: bool = False) -> DraftedBlock:
+        """Draft blocks [B, N] anchored at A = anchor_tokens at anchor_positions, in one forward: the
+        slots (`block_slots`, or `slots` built earlier), each block seeing the context K/V `ctx_kv` at
+        `ctx_positions` [B, C] strictly before its A (none where `keep` is False) and its own slots only;
+        then, with `lm_head_weight`, the candidates (the backbone's `propose`: argmax per slot, or
+        `sampler`; DFlash2's selector path from the previous token), candidate j being the MTP's for
+        j <= m. The reference round, the decoding loop, the training loss and the validation walk all
+        draft through here."""
+        inj = self.injection
+        b, n = anchor_positions.shape
+        if slots is None:
+            slots = self.block_slots(embed_weight, anchor_tokens, mtp, mtp_grad)
+        s = inj.num_slots
+        positions = inj.slot_positions(anchor_positions.flatten()).view(b, n * s)
+        limit = anchor_positions if keep is None else torch.where(keep, anchor_positions, 0)
+        ctx_limit = limit.repeat_interleave(s, dim=1)
+        block_ids = torch.arange(n, device=positions.device).repeat_interleave(s)[None].expand(b, -1)
+        hidden = self(slots.reshape(b, n * s, -1), positions, ctx_kv, ctx_positions, ctx_limit, block_ids)
+        hidden = hidden.view(b, n, s, -1)[:, :, inj.first_predicted_slot:]
+        tokens = None if mtp is None else mtp.tokens
+        out = DraftedBlock(hidden, inj.previous_token(anchor_tokens, tokens))
+        if lm_head_weight is not None:
+            drafted, q = self.propose(hidden, lm_head_weight, out.previous, sampler=sampler)
+            num = None if mtp is None else mtp.num
+            out.candidates = inj.merge_candidates(tokens, drafted, num)
+            if q is not None:
+                out.q = inj.merge_candidates(None if mtp is None else mtp.q, q, num)
+        return out
 
     # -- the backbone's operations, with the injection's context path in front ---------------------
     def embed(self, ids: torch.Tensor, embed_weight: torch.Tensor) -> torch.Tensor:
@@ -112,34 +196,37 @@ class BlockDrafter(nn.Module):
             save_tuned_mtp(path, tuned_mtp, target_path)
 
 
-def _make(injection, hidden_size: int, num_target_features: int, mask_token_id: int) -> Injection:
+def _make(injection, hidden_size: int, num_target_features: int, mask_token_id: int, block_size: int) -> Injection:
     if isinstance(injection, str):
-        return make_injection(injection, hidden_size, num_target_features, mask_token_id)
-    return injection(hidden_size=hidden_size, num_target_features=num_target_features, mask_token_id=mask_token_id)
+        return make_injection(injection, hidden_size, num_target_features, mask_token_id, block_size)
+    return injection(hidden_size=hidden_size, num_target_features=num_target_features, mask_token_id=mask_token_id,
+                     block_size=block_size)
 
 
 def build_block_drafter(target, injection, mask_token_id: int, target_layer_ids: list[int] | None = None,
                         num_target_features: int | None = None, **backbone_options) -> BlockDrafter:
     """A fresh drafter sized to `target` (conf/drafter/*.yaml, instantiated partially). `injection`: a
-    variant name, or a factory taking (hidden_size, num_target_features, mask_token_id) such as Hydra's
-    partial of conf/injection/<name>.yaml. The tapped layers are resolved first, so the injection
-    knows its context width before the backbone's fc is sized to it. `backbone_options`: those of
-    `dmtp.models.drafter_factory.build_drafter` (depth, architecture, DFlash2 options, ...)."""
+    variant name, or a factory taking (hidden_size, num_target_features, mask_token_id, block_size) such
+    as Hydra's partial of conf/injection/<name>.yaml. The tapped layers and the block width are resolved
+    first, so the injection knows its context width and slots before the backbone's fc is sized to it.
+    `backbone_options`: those of `dmtp.models.drafter_factory.build_drafter` (depth, architecture,
+    block_size, DFlash2 options, ...)."""
     layer_ids = target_layer_ids_for(target, target_layer_ids, num_target_features)
-    inj = _make(injection, target.config.hidden_size, len(layer_ids), mask_token_id)
+    block_size = require_block_size(backbone_options.get("block_size", DFlashConfig.block_size), "drafter.block_size")
+    inj = _make(injection, target.config.hidden_size, len(layer_ids), mask_token_id, block_size)
     backbone = build_drafter(target, inj.context_dim, mask_token_id, target_layer_ids=layer_ids, **backbone_options)
     return BlockDrafter(backbone, inj)
 
 
 def fresh_drafter_for(target, name: str, mask_token_id: int, seed: int = 0, num_layers: int = 1,
-                      perturb: float = 0.0, **options) -> BlockDrafter:
+                      perturb: float = 0.0, block_size: int = DFlashConfig.block_size, **options) -> BlockDrafter:
     """An untrained drafter sized to `target` (tests, benchmark plumbing): one tapped layer (the middle
-    one), the target's widths, in eval mode. `perturb` adds noise to the injection's weights so that
-    every injected path (zero-init fusion included) changes the drafter's output. `options`: the
-    variant's own (e.g. mtp_threshold)."""
+    one), the target's widths, blocks of `block_size`, in eval mode. `perturb` adds noise to the
+    injection's weights so that every injected path (zero-init fusion included) changes the drafter's
+    output. `options`: the variant's own (e.g. mtp_threshold)."""
     torch.manual_seed(seed)
     drafter = build_block_drafter(target, lambda **s: make_injection(name, **s, **options), mask_token_id,
-                                  num_target_features=1, num_layers=num_layers)
+                                  num_target_features=1, num_layers=num_layers, block_size=block_size)
     if perturb:
         with torch.no_grad():
             for p in drafter.injection.parameters():
@@ -148,11 +235,12 @@ def fresh_drafter_for(target, name: str, mask_token_id: int, seed: int = 0, num_
 
 
 def load_block_drafter(path: str | Path, dtype: torch.dtype = torch.float32, injection: str | None = None,
-                       options: dict | None = None) -> tuple[BlockDrafter, dict]:
+                       options: dict | None = None, block_size: int | None = None) -> tuple[BlockDrafter, dict]:
     """-> (drafter, the "dmtp" section of its config.json). `injection` overrides the saved variant (e.g.
     to continue a published DFlash drafter as dual_anchor_zero_init); its tensors then start fresh.
     `options` override the saved variant's own options (decoding-time ones, e.g. multi_mtp_zero_init's
-    num_mtp_tokens / mtp_threshold)."""
+    num_mtp_tokens / mtp_threshold). `block_size`: verify a shorter block than the drafter was trained
+    with (None: its own; longer is refused)."""
     backbone, extra_tensors, meta = load_drafter(path, dtype=dtype)
     section = Path(path) / "config.json"
     if not isinstance(meta, dict) or not isinstance(meta.get("injection", ""), str) \
@@ -169,8 +257,10 @@ def load_block_drafter(path: str | Path, dtype: torch.dtype = torch.float32, inj
         _refuse_trained_option_changes(path, name, kwargs, options or {})
     kwargs.update(options or {})
     cfg = backbone.config
+    block = cfg.block_size if block_size is None else require_block_size(block_size, "block_size")
     try:
-        module = make_injection(name, cfg.hidden_size, len(cfg.target_layer_ids), cfg.mask_token_id, **kwargs)
+        module = make_injection(name, cfg.hidden_size, len(cfg.target_layer_ids), cfg.mask_token_id, block,
+                                **kwargs)
     except (ValueError, TypeError) as e:   # an option the variant does not have, or out of its range
         raise ValueError(f"drafter {path}: {e}") from None
     drafter = BlockDrafter(backbone, module.to(dtype), f"drafter at {path}")
@@ -222,5 +312,6 @@ def tuned_mtp_path(path: str | Path) -> Path | None:
     return None
 
 
-__all__ = ["BlockDrafter", "INJECTION_PREFIX", "build_block_drafter", "fresh_drafter_for", "load_block_drafter",
+__all__ = ["BlockDrafter", "DraftedBlock", "INJECTION_PREFIX", "MTPBlockInputs", "build_block_drafter",
+           "fresh_drafter_for", "load_block_drafter",
            "tuned_mtp_path"]

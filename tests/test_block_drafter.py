@@ -70,9 +70,27 @@ def test_a_published_drafter_loads_as_raw_dflash_and_reinjects(micro_target, tmp
         load_block_drafter(tmp_path, injection="context_fusion")
 
 
+@pytest.mark.parametrize("block_size", [16, 1, 0, 33])
+def test_a_loaded_drafter_blocks_are_its_config_block_size(micro_target, tmp_path, block_size):
+    """A drafter directory's block_size (config.json, top level and dflash_config) sets its blocks; one the
+    code cannot honour is refused in one line when it is loaded."""
+    import json
+
+    fresh_drafter_for(micro_target, "dual_anchor_zero_init", 3).save(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["block_size"] = config["dflash_config"]["block_size"] = block_size
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    if block_size == 16:
+        drafter, _ = load_block_drafter(tmp_path)
+        assert (drafter.block_size, drafter.num_candidates, drafter.injection.num_slots) == (16, 15, 16)
+        return
+    with pytest.raises(ValueError, match=rf"^drafter block_size must be an integer in 2\.\.32 .*, got {block_size}$"):
+        load_block_drafter(tmp_path)
+
+
 def test_context_width_mismatch_is_one_line(micro_target):
     backbone = fresh_drafter_for(micro_target, "raw_dflash", 3).backbone
-    wider = make_injection("context_fusion", micro_target.hidden_size, 1, 3)
+    wider = make_injection("context_fusion", micro_target.hidden_size, 1, 3, 8)
     with pytest.raises(ValueError, match="^drafter has context width 64 \\(its fc input\\), but the injection "
                                          "ContextFusion builds 128$"):
         BlockDrafter(backbone, wider)

@@ -32,9 +32,12 @@ def test_default_config_shape():
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_injection_instantiates(name):
     cfg = compose_train([f"injection={name}"])
-    inj = instantiate(cfg.injection)(hidden_size=32, num_target_features=3, mask_token_id=5)
-    assert type(inj) is VARIANTS[name]
-    assert inj.num_drafter_candidates + (1 if inj.uses_mtp else 0) == 7
+    for block_size in (4, 8, 16):
+        inj = instantiate(cfg.injection)(hidden_size=32, num_target_features=3, mask_token_id=5,
+                                         block_size=block_size)
+        assert type(inj) is VARIANTS[name]
+        assert inj.num_drafter_candidates + (1 if inj.uses_mtp else 0) == inj.num_candidates == block_size - 1
+        assert inj.num_slots == block_size - inj.first_slot_offset
 
 
 def test_trainer_logger_callbacks_instantiate(tmp_path):

@@ -18,11 +18,26 @@ def _prompts():
     return [[5 + i, 17, 99, 23 + i, 7] * (2 + i) for i in range(5)]
 
 
-def _proposer(target, mtp, method):
+def _proposer(target, mtp, method, block_size=8):
     if method == "ar":
         return build_proposer("ar", target)
-    drafter = fresh_drafter_for(target, method, 3, seed=0, perturb=0.05)
+    drafter = fresh_drafter_for(target, method, 3, seed=0, perturb=0.05, block_size=block_size)
     return build_proposer("drafter", target, mtp=mtp, drafter=drafter, name=method)
+
+
+def test_compiled_block16_matches_eager(micro_target, micro_mtp):
+    """A block-16 drafter (15 candidates) compiles into its own fixed-shape program: same tokens and accepted
+    lengths as eager, and the second call replays it without recompiling."""
+    prompts = _prompts()
+    eager = SpecDecoder(micro_target, _proposer(micro_target, micro_mtp, "dual_anchor_zero_init", 16),
+                        eos_token_id=[]).generate(prompts, max_new_tokens=24, batch_size=2)
+    compiled = SpecDecoder(micro_target, _proposer(micro_target, micro_mtp, "dual_anchor_zero_init", 16),
+                           eos_token_id=[], compile="aot_eager")
+    for i in range(2):
+        with torch.compiler.set_stance("fail_on_recompile" if i else "default"):
+            res = compiled.generate(prompts, max_new_tokens=24, batch_size=2)
+        assert res.extra["compiled"] and res.num_candidates == 15
+        assert res.tokens == eager.tokens and res.accepted == eager.accepted
 
 
 @pytest.mark.parametrize("method", ["dual_anchor_zero_init"])

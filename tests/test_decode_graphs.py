@@ -13,15 +13,17 @@ PROMPTS = [[17, 45, 300, 12, 9, 81, 77, 5, 40], [210, 11, 61, 400, 8], [33, 90, 
            [5, 6, 7], [250, 251, 252, 253, 254, 255, 256, 257, 258, 259, 260, 261], [99, 100]]
 
 
-def _drafter(target, name, device="cpu", dtype=torch.float32):
-    return fresh_drafter_for(target, name, 3, perturb=0.05).to(device, dtype)
+def _drafter(target, name, device="cpu", dtype=torch.float32, block_size=8):
+    return fresh_drafter_for(target, name, 3, perturb=0.05, block_size=block_size).to(device, dtype)
 
 
 def _proposer(target, mtp, method, device="cpu", dtype=torch.float32):
+    """`method`: ar, mtp415, or a variant, `<variant>@<B>` for a drafter with blocks of B (default 8)."""
     if method in ("ar", "mtp415"):
         return build_proposer(method, target, mtp=mtp)
-    drafter = _drafter(target, method, device, dtype)
-    return build_proposer("drafter", target, mtp=mtp, drafter=drafter, name=method)
+    name, _, block = method.partition("@")
+    drafter = _drafter(target, name, device, dtype, int(block or 8))
+    return build_proposer("drafter", target, mtp=mtp, drafter=drafter, name=name)
 
 
 # -- CPU: the capture protocol (warm-up + restore) with an eager stand-in for the graphs -------------
@@ -52,7 +54,8 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("method", ["mtp415", "context_fusion", "dual_anchor_zero_init", "multi_mtp_zero_init"])
+@pytest.mark.parametrize("method", ["mtp415", "context_fusion", "dual_anchor_zero_init", "multi_mtp_zero_init",
+                                    "dual_anchor_zero_init@16"])
 def test_warmup_restore_leaves_decoding_unchanged(micro_target, micro_mtp, method, monkeypatch, one_thread):
     eager = SpecDecoder(micro_target, _proposer(micro_target, micro_mtp, method), eos_token_id=[])
     ref = eager.generate(PROMPTS, max_new_tokens=20, batch_size=3)
@@ -87,7 +90,8 @@ def cuda_models(micro_target_dir):
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("method", ["ar", "mtp415", "raw_dflash", "dual_anchor_zero_init", "context_fusion",
-                                    "hidden_residual_t1", "multi_mtp_zero_init"])
+                                    "hidden_residual_t1", "multi_mtp_zero_init", "raw_dflash@16",
+                                    "dual_anchor_zero_init@16"])
 def test_cuda_graphs_equal_eager(cuda_models, method, dtype):
     target, mtp = cuda_models[dtype]
     res = {}

@@ -115,7 +115,7 @@ def test_recompute_runner_is_lossless(micro_target, micro_mtp, prompts, eos_and_
 # -- stub proposers with known acceptance ---------------------------------------------------------------
 
 def _scripted(target, continuations, **kw):
-    proposer = ScriptedProposer(continuations, vocab_size=target.config.vocab_size, **kw)
+    proposer = ScriptedProposer(continuations, 7, vocab_size=target.config.vocab_size, **kw)
     return SpecDecoder(target, proposer, eos_token_id=[])
 
 
@@ -164,7 +164,7 @@ def test_finished_requests_stop_advancing(micro_target, prompts, continuations):
     """Requests that end at different rounds (EOS at different places) in one batch."""
     eos = continuations[0][3]  # request 0 stops after 4 tokens; others whenever this token appears
     refs = [c[: c[:MAX_NEW].index(eos) + 1] if eos in c[:MAX_NEW] else c[:MAX_NEW] for c in continuations]
-    dec = SpecDecoder(micro_target, ScriptedProposer(continuations, vocab_size=micro_target.config.vocab_size),
+    dec = SpecDecoder(micro_target, ScriptedProposer(continuations, 7, vocab_size=micro_target.config.vocab_size),
                       eos_token_id=eos)
     res = dec.generate(prompts, max_new_tokens=MAX_NEW, batch_size=len(prompts))
     assert res.tokens == refs
@@ -179,11 +179,11 @@ class _Recording(DrafterProposer):
         inner = self.dstate.draft
         self.log = getattr(self, "log", [])
 
-        def draft(anchor_pos, first_prev, sampler, span=None):
+        def draft(anchor, anchor_pos, mtp, sampler, span=None):
             def recording(logits):  # a DFlash v1 drafter scores the whole vocabulary once per block
-                self.log.append((anchor_pos.clone(), self.t1.clone(), logits.clone(), st.done.clone()))
+                self.log.append((anchor_pos.clone(), self.t1.clone(), logits[:, 0].clone(), st.done.clone()))
                 return sampler(logits)
-            return inner(anchor_pos, first_prev, recording, span)
+            return inner(anchor, anchor_pos, mtp, recording, span)
 
         self.dstate.draft = draft
         return stages
@@ -270,8 +270,8 @@ def _check_positions_below_span(dec, seen, monkeypatch):
     d = getattr(dec.proposer, "dstate", None)
     if d is not None:   # the drafter reads context strictly before the anchor
         draft = d.draft
-        monkeypatch.setattr(d, "draft", lambda anchor, first, sampler, span=None: (
-            check(anchor - 1, "drafter"), draft(anchor, first, sampler, span))[1])
+        monkeypatch.setattr(d, "draft", lambda anchor, anchor_pos, mtp, sampler, span=None: (
+            check(anchor_pos - 1, "drafter"), draft(anchor, anchor_pos, mtp, sampler, span))[1])
 
 
 @pytest.mark.parametrize("method", ["mtp415", "dual_anchor_zero_init", "context_fusion"])

@@ -21,7 +21,7 @@ def _proposer(target, mtp, method, **options):
         drafter = fresh_drafter_for(target, method, 3, perturb=0.05, **options)
         return build_proposer("drafter", target, mtp=mtp, drafter=drafter, name=method)
     if method == "scripted":
-        return ScriptedProposer([[5] * (MAX_NEW + 8)] * len(PROMPTS), vocab_size=target.config.vocab_size)
+        return ScriptedProposer([[5] * (MAX_NEW + 8)] * len(PROMPTS), 7, vocab_size=target.config.vocab_size)
     return build_proposer(method, target, mtp=mtp)
 
 

@@ -224,7 +224,7 @@ def test_mixed_accepted_lengths_in_one_round(family):
     round the eight requests accept 0, 7 and lengths in between, side by side in the same verify."""
     corrupt = [1, None, 4, 2, None, 7, 3, 1]
     expected = [0, 7, 3, 1, 7, 6, 2, 0]
-    proposer = ScriptedProposer(family["refs"], corrupt_at=corrupt, vocab_size=family["target"].config.vocab_size)
+    proposer = ScriptedProposer(family["refs"], 7, corrupt_at=corrupt, vocab_size=family["target"].config.vocab_size)
     res = SpecDecoder(family["target"], proposer, eos_token_id=None).generate(family["prompts"], max_new_tokens=NEW,
                                                                               batch_size=8)
     assert res.tokens == family["refs"]
@@ -240,7 +240,7 @@ def test_graph_capture_protocol_leaves_decoding_unchanged(family, monkeypatch):
 
     monkeypatch.setattr(graphs, "RoundGraphs", _EagerGraphs)
     prompts, refs = family["prompts"][:6], family["refs"][:6]
-    proposer = ScriptedProposer(refs, corrupt_at=[1, None, 4, 2, None, 7],
+    proposer = ScriptedProposer(refs, 7, corrupt_at=[1, None, 4, 2, None, 7],
                                 vocab_size=family["target"].config.vocab_size)
     dec = SpecDecoder(family["target"], proposer, eos_token_id=None, time_stages=False)
     dec.use_graphs = True

@@ -441,7 +441,7 @@ def test_dflash2_decoding_is_lossless_and_uses_the_selector(micro_target, micro_
 
     cfg = micro_target.config
     ids = build_target_layer_ids(cfg.num_hidden_layers, 1)
-    inj = make_injection(name, cfg.hidden_size, len(ids), 3)
+    inj = make_injection(name, cfg.hidden_size, len(ids), 3, 8)
     dcfg = DFlashConfig(hidden_size=cfg.hidden_size, intermediate_size=64, num_hidden_layers=1,
                         num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
                         head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, num_target_layers=cfg.num_hidden_layers,

@@ -55,7 +55,7 @@ def _hf_greedy(target: TargetModel, prompt: list[int], n: int) -> list[int]:
 
 def _proposer(method, target, mtp, refs=None):
     if method == "scripted":  # per request: accept 0, all 7, 3, 1, all, 6, 0, 2 of 7 every round
-        return ScriptedProposer(refs, corrupt_at=[1, None, 4, 2, None, 7, 1, 3], vocab_size=target.config.vocab_size)
+        return ScriptedProposer(refs, 7, corrupt_at=[1, None, 4, 2, None, 7, 1, 3], vocab_size=target.config.vocab_size)
     if method in ("ar", "mtp415"):
         return build_proposer(method, target, mtp=mtp)
     drafter = fresh_drafter_for(target, method, mask_token_id=3, perturb=0.5).to(target.device, target.dtype)

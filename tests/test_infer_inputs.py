@@ -113,3 +113,21 @@ def test_drafter_given_for_another_target_is_a_one_line_error(tmp_path, micro_ta
                               monkeypatch, capsys)
     assert code == 2 and line.startswith(f"dmtp.infer: error: drafter {tmp_path / 'narrow'} was built for a "
                                          "different target (hidden size 32, ")
+
+
+def test_infer_verifies_a_shorter_block_and_refuses_a_longer_one(tmp_path, micro_target, micro_target_dir,
+                                                                   monkeypatch, capsys):
+    """drafter.block_size: a block-16 drafter verified with blocks of 8 (labelled so); 17 is one line."""
+    path = tmp_path / "d16"
+    fresh_drafter_for(micro_target, "dual_anchor_zero_init", 3, block_size=16).save(path, target=str(micro_target_dir))
+    args = [f"target.path={micro_target_dir}", f"drafter={path}", "methods=[drafter]", "num_prompts=1",
+            "eval.domains=[code]", "max_new_tokens=6", "eval.prompt_tokens=8"]
+    code, _, out = infer_cli(args + ["drafter.block_size=8"], tmp_path / "run", monkeypatch, capsys)
+    assert code == 0, out
+    summary = json.loads((tmp_path / "run" / "metrics.json").read_text())["overall"]
+    assert list(summary) == ["dual_anchor_zero_init[block_size=8]"]
+    run = summary["dual_anchor_zero_init[block_size=8]"]
+    assert (run["block_size"], run["num_candidates"], len(run["p_len_ge"])) == (8, 7, 7)
+    code, line, _ = infer_cli(args + ["drafter.block_size=17"], tmp_path / "refused", monkeypatch, capsys)
+    assert code == 2 and line == (f"dmtp.infer: error: drafter at {path} was trained with block_size 16: it can "
+                                  "verify a block of 2..16, not 17")

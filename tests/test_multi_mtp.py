@@ -47,7 +47,7 @@ def test_m1_is_dual_anchor_zero_init(micro_target, micro_mtp, prompts, refs):  #
     eos = None
     dual_drafter = fresh_drafter_for(micro_target, "dual_anchor_zero_init", 3, seed=0, perturb=0.05)
     dual = dual_drafter.injection
-    multi = make_injection("multi_mtp_zero_init", micro_target.hidden_size, 1, 3, num_mtp_tokens=1).eval()
+    multi = make_injection("multi_mtp_zero_init", micro_target.hidden_size, 1, 3, 8, num_mtp_tokens=1).eval()
     multi.load_state_dict(dual.state_dict(), strict=True)
     embed = micro_target.embed_tokens
     anchor, tokens = torch.tensor([5, 9]), torch.tensor([[11, 12, 13], [21, 22, 23]])
@@ -65,7 +65,7 @@ def test_m1_is_dual_anchor_zero_init(micro_target, micro_mtp, prompts, refs):  #
 
 
 def test_merge_takes_the_first_m_candidates_from_the_mtp():
-    inj = make_injection("multi_mtp_zero_init", 16, 1, 3)
+    inj = make_injection("multi_mtp_zero_init", 16, 1, 3, 8)
     mtp = torch.tensor([[10, 11, 12]] * 3)
     drafted = torch.arange(20, 26).expand(3, -1)     # the drafter's candidates 2..7
     merged = inj.merge_candidates(mtp, drafted, torch.tensor([1, 2, 3]))
@@ -74,7 +74,7 @@ def test_merge_takes_the_first_m_candidates_from_the_mtp():
     logits = torch.full((2, 3, 5), -9.0)
     logits[0, :, 0] = 9.0          # request 0: every step confident
     logits[1, 1, 0] = 9.0          # request 1: step 2 confident, step 3 not
-    assert make_injection("multi_mtp_zero_init", 16, 1, 3, mtp_threshold=0.5).choose_num_mtp(logits).tolist() == [3, 2]
+    assert make_injection("multi_mtp_zero_init", 16, 1, 3, 8, mtp_threshold=0.5).choose_num_mtp(logits).tolist() == [3, 2]
     assert inj.choose_num_mtp(logits).tolist() == [3, 3]   # no threshold: fixed m = num_mtp_tokens (M)
 
 
@@ -158,7 +158,7 @@ def test_saved_options_and_decoding_overrides(tmp_path, micro_target):
 ])
 def test_bad_options_are_one_line_errors(options, match):
     with pytest.raises(ValueError, match=match) as err:
-        make_injection("multi_mtp_zero_init", 16, 1, 3, **options)
+        make_injection("multi_mtp_zero_init", 16, 1, 3, 8, **options)
     assert "\n" not in str(err.value)
 
 

@@ -102,3 +102,75 @@ def test_dmtp_checkpoint_loads_in_reference(tmp_path, dflash2):
         key = name.removesuffix(".weight") if "codebook" in name else name
         assert torch.equal(p, ours.state_dict()[key]), name
     _compare(theirs, ours, dflash2)
+
+
+# -- the reference loop (`dflash_generate`) vs ours, on the micro target, at block 16 and 8 -------------
+# Greedy, batch 1: identical tokens AND identical accepted length per round. The prompts include a
+# repetitive one, on which even a random drafter gets runs accepted (longer than 7 at block 16).
+LOOP_PROMPTS = [[17, 45, 300, 12, 9, 81, 77, 5, 40], [210, 11, 61, 400, 8]]
+LOOP_NEW = 48
+
+
+def _reference_drafter_for(target, block_size: int):
+    """A random reference DFlash drafter sized to `target` (2 layers, taps 1 and 2), blocks of `block_size`."""
+    from transformers import Qwen3Config
+
+    c = target.config
+    cfg = Qwen3Config(hidden_size=c.hidden_size, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
+                      head_dim=c.head_dim, vocab_size=c.vocab_size, rms_norm_eps=1e-6, rope_theta=10000.0,
+                      max_position_embeddings=512, tie_word_embeddings=False)
+    cfg.num_target_layers = c.num_hidden_layers
+    cfg.dflash_config = {"mask_token_id": MASK, "target_layer_ids": [1, 2], "block_size": block_size}
+    cfg.architectures = ["DFlashDraftModel"]
+    torch.manual_seed(0)
+    model = ref.DFlashDraftModel(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(1 + 0.1 * torch.randn_like(p) if "norm" in name else 0.2 * torch.randn_like(p))
+    return model.eval()
+
+
+def _assert_same_rounds(target, ref_model, drafter, block_size, monkeypatch):
+    """Our loop and `dflash_generate(..., block_size=block_size)`: the same tokens and, per round, the same
+    accepted length (theirs counts the bonus token: `acceptance_lengths` = accepted + 1)."""
+    import time
+
+    from dmtp.decode import SpecDecoder, build_proposer
+
+    monkeypatch.setattr(ref, "_cuda_time", time.perf_counter)   # its stats timer syncs CUDA; on CPU, wall time
+    assert drafter.block_size == block_size and drafter.num_candidates == block_size - 1
+    ours = SpecDecoder(target, build_proposer("drafter", target, drafter=drafter), eos_token_id=[])
+    res = ours.generate(LOOP_PROMPTS, max_new_tokens=LOOP_NEW, batch_size=1)
+    for i, prompt in enumerate(LOOP_PROMPTS):
+        theirs = ref.dflash_generate(ref_model, target.hf, torch.tensor([prompt]), LOOP_NEW, None,
+                                     block_size=block_size, return_stats=True)
+        assert res.tokens[i] == theirs.output_ids[0, len(prompt):].tolist(), f"request {i}"
+        assert res.accepted[i] == [n - 1 for n in theirs.acceptance_lengths], f"request {i}"
+    assert any(a > 0 for acc in res.accepted for a in acc)   # runs were accepted, not only corrections
+    return res
+
+
+@pytest.mark.parametrize("block_size", [16, 8])
+def test_reference_checkpoint_decodes_as_the_reference_loop(tmp_path, micro_target, block_size, monkeypatch):
+    from dmtp.block_drafter import load_block_drafter
+
+    theirs = _reference_drafter_for(micro_target, block_size)
+    theirs.save_pretrained(tmp_path)
+    drafter, _ = load_block_drafter(tmp_path)   # the published layout: raw DFlash, its own block_size
+    assert drafter.variant == "raw_dflash"
+    res = _assert_same_rounds(micro_target, theirs, drafter.eval(), block_size, monkeypatch)
+    if block_size == 16:   # the block is really 16 wide: a round accepted more than a block of 8 holds
+        assert max(a for acc in res.accepted for a in acc) > 7
+
+
+def test_our_block16_export_runs_in_the_reference_loop(tmp_path, micro_target, monkeypatch):
+    from dmtp.block_drafter import load_block_drafter
+
+    _reference_drafter_for(micro_target, 16).save_pretrained(tmp_path / "theirs")   # weights that get runs accepted
+    ours, _ = load_block_drafter(tmp_path / "theirs")
+    ours.save(tmp_path / "ours")                                                     # exported by dmtp
+    assert (tmp_path / "ours" / "config.json").read_text().count('"block_size": 16') == 2   # top level + dflash_config
+    theirs = ref.DFlashDraftModel.from_pretrained(tmp_path / "ours").eval()
+    assert theirs.block_size == 16
+    _assert_same_rounds(micro_target, theirs, ours.eval(), 16, monkeypatch)

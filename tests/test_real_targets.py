@@ -222,7 +222,7 @@ def test_hybrid_target_is_exact_with_rejections(hybrid_target, method):
     new = 20
     refs = [_hf_greedy(target, p, new) for p in prompts]
     if method == "scripted":
-        proposer = ScriptedProposer(refs, corrupt_at=3, vocab_size=vocab)
+        proposer = ScriptedProposer(refs, 7, corrupt_at=3, vocab_size=vocab)
     else:
         mtp = load_native_mtp(root, target.embed_tokens, target.lm_head)
         drafter = None

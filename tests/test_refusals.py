@@ -39,9 +39,9 @@ def test_a_vanishing_temperature_decodes_as_greedy(micro_target, micro_mtp, micr
 # -- MTP chains, top_k, multi-step MTP options -----------------------------------------------------
 
 @pytest.mark.parametrize("arg,message", [
-    ("methods=[mtp:0]", "method mtp:0: the MTP chains 1..7 steps per round"),
-    ("methods=[mtp:8]", "method mtp:8: the MTP chains 1..7 steps per round"),
-    ("mtp_steps=100", "mtp_steps=100: the MTP chains 1..7 steps per round"),
+    ("methods=[mtp:0]", "method mtp:0: the MTP chains 1..31 steps per round"),
+    ("methods=[mtp:32]", "method mtp:32: the MTP chains 1..31 steps per round"),
+    ("mtp_steps=100", "mtp_steps=100: the MTP chains 1..31 steps per round"),
 ])
 def test_an_mtp_chain_outside_the_block_is_one_line(arg, message, tmp_path, micro_target_dir, monkeypatch,
                                                     capsys):

@@ -102,3 +102,12 @@ def test_known_log_lines_are_dropped_and_others_kept(logger_name, message):
         logger.removeHandler(handler)
         logger.setLevel(level)
     assert seen == ["a real problem", message]
+
+
+def test_walk_table_shows_the_whole_block():
+    """A block-16 drafter's walk has P(L>=k) up to 15: the table's last column is the whole block."""
+    record = {"method": "raw_dflash", "global_step": 3, "walk/code/tau": 5.0, "walk/code/t1_accept": 0.5,
+              **{f"walk/code/p_len_ge_{k}": 1 / k for k in range(1, 16)}}
+    row = walk_rows(record)[0]
+    assert [k for k in row if k.startswith("P(")] == ["P(L>=2)", "P(L>=4)", "P(L>=15)"]
+    assert "P(L>=15)" in walk_table(record)

@@ -47,6 +47,39 @@ def test_variant_overfits_a_fixed_batch(name):
     assert losses[-1] < 0.8 * losses[0], losses
 
 
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_every_variant_trains_with_block_16(name):
+    """drafter.block_size=16: the slots, the supervised positions (15 or 14 per block, decayed), the
+    optimizer step and the exact walk (P(L>=k) up to 15) all follow the drafter's block."""
+    from dmtp.training.validation import exact_acceptance
+
+    torch.manual_seed(0)
+    target, tokenizer, _, module = build_components(compose_train([f"injection={name}", "drafter.block_size=16"]))
+    drafter = module.drafter
+    assert (drafter.config.block_size, drafter.block_size, drafter.num_candidates) == (16, 16, 15)
+    assert drafter.injection.num_slots == 16 - drafter.injection.first_slot_offset
+    ids, mask = _batch(tokenizer)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(3):
+        loss, acc, n = module.block_loss(ids, mask, generator=torch.Generator().manual_seed(0))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert n > 0 and len(acc) == drafter.injection.num_drafter_candidates == 15 - drafter.injection.uses_mtp
+    assert torch.isfinite(torch.tensor(losses)).all() and losses[-1] < losses[0], losses
+    walk = exact_acceptance(target, module.mtp, drafter.eval(), ids[:2], torch.tensor([16, 16]), torch.tensor([64, 64]))
+    assert len(walk["hist"]) == 16 and walk["walk_rounds"] > 0
+
+
+@pytest.mark.parametrize("value", [0, 1, 33, 8.5, "eight"])
+def test_a_block_size_the_code_cannot_honour_is_one_line(value):
+    with pytest.raises(ValueError, match=r"^drafter.block_size must be an integer in 2\.\.32 .*, got") as err:
+        build_components(compose_train([f"drafter.block_size={value}"]))
+    assert "\n" not in str(err.value)
+
+
 def test_zero_init_continues_a_published_dflash_drafter(tmp_path, micro_target):
     cfg = micro_target.config
     dcfg = DFlashConfig(hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size, num_hidden_layers=1,
@@ -81,7 +114,7 @@ def test_zero_init_continues_a_published_dflash_drafter(tmp_path, micro_target):
 
 def test_blocks_never_see_context_at_or_after_their_anchor_nor_other_blocks(micro_target, micro_mtp):
     torch.manual_seed(0)
-    inj = make_injection("dual_anchor_zero_init", micro_target.hidden_size, 2, 3)
+    inj = make_injection("dual_anchor_zero_init", micro_target.hidden_size, 2, 3, 8)
     torch.nn.init.normal_(inj.fusion.proj.weight, std=0.02)
     cfg = micro_target.config
     backbone = DFlashDrafter(DFlashConfig(hidden_size=cfg.hidden_size, intermediate_size=64, num_hidden_layers=2,
@@ -95,19 +128,19 @@ def test_blocks_never_see_context_at_or_after_their_anchor_nor_other_blocks(micr
     anchors, keep = torch.tensor([[8, 20]]), torch.ones(1, 2, dtype=torch.bool)
     t1 = ids[:, [9, 21]]
     w = micro_target.embed_tokens.weight
-    base = draft_blocks(drafter, w, feats, anchors, keep, t1)
+    base = draft_blocks(drafter, w, feats, anchors, keep, t1).hidden
     feats.context[:, 20:] += 5.0           # context at/after block 1's anchor (and far after block 0's)
-    moved = draft_blocks(drafter, w, feats, anchors, keep, t1)
+    moved = draft_blocks(drafter, w, feats, anchors, keep, t1).hidden
     assert torch.equal(base[:, 0], moved[:, 0]) and torch.equal(base[:, 1], moved[:, 1])
     feats.context[:, 19] += 5.0            # context just before block 1's anchor
-    moved = draft_blocks(drafter, w, feats, anchors, keep, t1)
+    moved = draft_blocks(drafter, w, feats, anchors, keep, t1).hidden
     assert torch.equal(base[:, 0], moved[:, 0]) and not torch.allclose(base[:, 1], moved[:, 1])
-    other = draft_blocks(drafter, w, feats, anchors, keep, torch.tensor([[t1[0, 0], 99]]))
+    other = draft_blocks(drafter, w, feats, anchors, keep, torch.tensor([[t1[0, 0], 99]])).hidden
     assert torch.equal(other[:, 0], moved[:, 0])  # block 1's T1 is invisible to block 0
 
 
 def test_anchor_sampling_respects_the_loss_mask():
-    inj = make_injection("token_only", 16, 1, 3)
+    inj = make_injection("token_only", 16, 1, 3, 8)
     mask = torch.zeros(2, 30, dtype=torch.long)
     mask[0, 10:20] = 1
     valid = valid_anchors(inj, mask)
@@ -130,7 +163,7 @@ def test_bad_inputs_fail_with_one_clear_line(tmp_path):
     with pytest.raises(ConfigCompositionException, match="injection"):
         compose_train(["injection=no_such_variant"])
     with pytest.raises(ValueError, match="unknown injection variant"):
-        make_injection("no_such_variant", 16, 1, 3)
+        make_injection("no_such_variant", 16, 1, 3, 8)
     with pytest.raises(FileNotFoundError, match="not found"):
         build_components(compose_train(["target.path=/no/such/target"]))
     empty = tmp_path / "empty.jsonl"

@@ -49,7 +49,7 @@ def test_options_come_from_the_signature():
     assert (rank.default, rank.annotation) == (64, "int")
     assert CATALOGUE["token_only"].options == {}
     with pytest.raises(ValueError, match="'rank' is not an option of injection token_only"):
-        make_injection("token_only", 16, 1, 3, rank=8)
+        make_injection("token_only", 16, 1, 3, 8, rank=8)
 
 
 def test_needs_mtp_is_derived_per_variant():

@@ -296,7 +296,7 @@ def test_verify_module_is_host_sync_free():
 
 
 def test_acceptance_recorder_hand_computed():
-    rec = AcceptanceRecorder(block_size=7)
+    rec = AcceptanceRecorder(num_candidates=7)
     r1 = [0, 7, 3, 3, 1]
     r2 = [2, 0]
     # round-by-round with an active mask: request 2 finishes after round 2
@@ -317,10 +317,11 @@ def test_acceptance_recorder_hand_computed():
     assert s["p_len_ge"] == pytest.approx([5 / 7, 4 / 7, 3 / 7, 1 / 7, 1 / 7, 1 / 7, 1 / 7])
     assert s["p_cond"] == pytest.approx([5 / 7, 4 / 5, 3 / 4, 1 / 3, 1.0, 1.0, 1.0])
     assert s["num_requests"] == 2
+    assert (s["num_candidates"], s["block_size"]) == (7, 8)   # K candidates, a verified block of K + 1
 
 
 def test_acceptance_recorder_none_and_merge():
-    rec = AcceptanceRecorder(block_size=3)
+    rec = AcceptanceRecorder(num_candidates=3)
     empty = rec.summary()
     assert empty["rounds"] == 0 and empty["tau_per_verify"] is None
     assert empty["tau_per_request"] is None and empty["p_cond"] == [None, None, None]
@@ -329,18 +330,18 @@ def test_acceptance_recorder_none_and_merge():
     assert s["p_len_ge"] == [0.0, 0.0, 0.0]
     assert s["p_cond"] == [0.0, None, None]
     assert s["tau_per_verify"] == 1.0 and s["t1_accept"] == 0.0
-    other = AcceptanceRecorder(block_size=3)
+    other = AcceptanceRecorder(num_candidates=3)
     other.record(torch.tensor([3]))
     rec.merge(other)
     s = rec.summary()
     assert s["accept_hist"] == [2, 0, 0, 1]
     assert s["tau_per_request"] == pytest.approx((1 + 1 + 4) / 3)
     with pytest.raises(ValueError):
-        rec.merge(AcceptanceRecorder(block_size=7))
+        rec.merge(AcceptanceRecorder(num_candidates=7))
     with pytest.raises(ValueError):
         rec.record([4])
     # K = 0 (autoregressive): tau is exactly 1
-    ar = AcceptanceRecorder(block_size=0)
+    ar = AcceptanceRecorder(num_candidates=0)
     ar.record(torch.zeros(3, dtype=torch.long))
     s = ar.summary()
     assert s["tau_per_verify"] == 1.0 and s["p_len_ge"] == [] and s["accept_hist"] == [3]

@@ -10,7 +10,8 @@
     python tools/bench_decode.py --drafter <raw D> --drafter <DMTP D> --temperature 1 \
         --verification target_only rejection block      # tau and tok/s of each verification rule
     python tools/bench_decode.py --drafter <multi D>@num_mtp_tokens=1 --drafter <multi D>@mtp_threshold=0.7
-        # one drafter under several decoding-time injection options (labelled variant[k=v])
+        # one drafter under several decoding-time injection options (labelled variant[k=v]);
+        # DIR@block_size=8 verifies a shorter block than the drafter was trained with
 
 With no --drafter and no --random-drafters, the newest trained drafter under ./outputs or ./logs is used
 (if any). Writes a JSON report with --out: the first verification mode's figures at the top level (as with one
@@ -297,7 +298,8 @@ def main(argv=None) -> dict:
             paths = [str(latest)]
     for spec in paths:
         p, options = drafter_spec(spec)
-        drafters.append((*load_drafter_for(target, p, dtype, device, options=options),
+        block_size = options.pop("block_size", None)   # DIR@block_size=8: a shorter verified block
+        drafters.append((*load_drafter_for(target, p, dtype, device, options=options, block_size=block_size),
                          mtp_for_drafter(target, path, p, mtp)))   # its own jointly trained MTP, if it has one
     mask_id = tok.convert_tokens_to_ids("<|mask|>") if "<|mask|>" in tok.get_vocab() else target.config.vocab_size - 1
     for name in filter(None, args.random_drafters.split(",")):

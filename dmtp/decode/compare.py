@@ -62,7 +62,7 @@ def compare_methods(cfg, named: set[str] | None = None) -> dict:
         options = cfg.drafter.get("injection_options")
         options = OmegaConf.to_container(options, resolve=True) if OmegaConf.is_config(options) else dict(options or {})
         drafter, variant = load_drafter_for(target, drafter_dir, dtype, device, cfg.drafter.get("injection"),
-                                            options=options)
+                                            options=options, block_size=cfg.drafter.get("block_size"))
     mtp = drafter_mtp = None
     if any(method_needs_mtp(m, drafter) for m in methods):
         try:

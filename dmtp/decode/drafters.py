@@ -69,17 +69,20 @@ def no_drafter_for(target: str | Path, base: str | Path | None = None) -> str:
             "python -m dmtp.train injection=dual_anchor_zero_init")
 
 
-def load_drafter_for(target, path, dtype, device, injection: str | None = None, options: dict | None = None):
+def load_drafter_for(target, path, dtype, device, injection: str | None = None, options: dict | None = None,
+                     block_size: int | None = None):
     """-> (drafter, label): the `BlockDrafter` at `path`, checked against `target`. `options`: its
-    injection's decoding-time options (e.g. multi_mtp_zero_init's num_mtp_tokens / mtp_threshold),
-    named in the label: `variant[k=v,...]`."""
+    injection's decoding-time options (e.g. multi_mtp_zero_init's num_mtp_tokens / mtp_threshold);
+    `block_size`: verify a shorter block than it was trained with (None: its own). Both are named in
+    the label: `variant[k=v,...]`."""
     from dmtp.block_drafter import load_block_drafter
     from dmtp.models.drafter_fit import require_target_fit
 
     options = dict(options or {})
-    drafter, _ = load_block_drafter(path, dtype=dtype, injection=injection, options=options)
+    drafter, _ = load_block_drafter(path, dtype=dtype, injection=injection, options=options, block_size=block_size)
     require_target_fit(drafter.config, target, f"drafter {path}")
-    label = drafter.variant + ("[" + ",".join(f"{k}={v}" for k, v in options.items()) + "]" if options else "")
+    named = {**options, **({"block_size": block_size} if block_size is not None else {})}
+    label = drafter.variant + ("[" + ",".join(f"{k}={v}" for k, v in named.items()) + "]" if named else "")
     return drafter.to(device).eval(), label
 
 

@@ -41,7 +41,7 @@ from dmtp.decode.runners import make_target_runner
 from dmtp.decode.stage import Stage, present, restore, snapshot
 from dmtp.decode.verify import (accept_block_verification, accept_rejection_sampling, accept_target_only,
                                 probs_from_logits, sample_tokens)
-from dmtp.injection.base import BLOCK_CANDIDATES
+from dmtp.models.drafter import BLOCK_SIZE_RANGE
 
 VERIFICATION_MODES = ("target_only", "rejection", "block")
 # The modes that verify drafts sampled from the proposers' q, each with its device-side acceptance rule.
@@ -561,10 +561,10 @@ def parse_mtp_steps(method: str, mtp_steps: int = 4) -> int:
     """How many steps the MTP chains per round for an MTP method: `mtp415` -> 4 (k=4, top-1, 5 verify
     slots), `mtp` -> `mtp_steps` (dmtp.infer's option), `mtp:<k>` -> k. Other names -> ValueError.
 
-    The limit: 1..BLOCK_CANDIDATES. The native MTP is trained for one step (one layer predicting the
-    token after next) and chained beyond it; every method proposes at most the block's 7 candidates
-    (the target verifies [A, c1..c7]), as the drafters and multi-step MTP (max_mtp_tokens) do. A chain
-    of 0 proposes nothing (that is `ar`)."""
+    The limit: 1 .. the widest block the loop verifies minus one (BLOCK_SIZE_RANGE, the same bound as a
+    drafter's candidates). The native MTP is trained for one step (one layer predicting the token after
+    next) and chained beyond it, so a long chain accepts little; it is still exact. A chain of 0
+    proposes nothing (that is `ar`)."""
     if method == "mtp415":
         return 4
     if method == "mtp":
@@ -573,10 +573,10 @@ def parse_mtp_steps(method: str, mtp_steps: int = 4) -> int:
         steps, named = int(method[4:]), f"method {method}"
     else:
         raise ValueError(f"not an MTP method name: {method!r}")
-    if type(steps) is not int or not 1 <= steps <= BLOCK_CANDIDATES:
-        raise ValueError(f"{named}: the MTP chains 1..{BLOCK_CANDIDATES} steps per round (the block's "
-                         f"{BLOCK_CANDIDATES} candidates; the MTP itself is trained for one step and chained); "
-                         "use ar for no drafts")
+    most = BLOCK_SIZE_RANGE[1] - 1
+    if type(steps) is not int or not 1 <= steps <= most:
+        raise ValueError(f"{named}: the MTP chains 1..{most} steps per round (the widest verified block's "
+                         f"candidates; the MTP itself is trained for one step and chained); use ar for no drafts")
     return steps
 
 

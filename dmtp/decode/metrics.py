@@ -22,15 +22,16 @@ class AcceptanceRecorder:
     """Per-request lists of accepted-candidate counts per verify round.
 
     Args:
-        block_size: ``K``, the number of candidates verified per round (0 for plain AR).
+        num_candidates: ``K``, the number of candidates verified per round (0 for plain AR); the
+            verified block is ``K + 1`` tokens (A and the candidates), a drafter's ``block_size``.
         num_requests: optional number of requests to pre-register (so requests that never
             get a round still exist; they are ignored by the per-request mean).
     """
 
-    def __init__(self, block_size: int, num_requests: int = 0):
-        if block_size < 0:
-            raise ValueError("block_size must be >= 0")
-        self.block_size = int(block_size)
+    def __init__(self, num_candidates: int, num_requests: int = 0):
+        if num_candidates < 0:
+            raise ValueError("num_candidates must be >= 0")
+        self.num_candidates = int(num_candidates)
         self.per_request: list[list[int]] = [[] for _ in range(num_requests)]
 
     # -- recording ---------------------------------------------------------------------------
@@ -62,8 +63,8 @@ class AcceptanceRecorder:
             if not on:
                 continue
             a = int(a)
-            if not 0 <= a <= self.block_size:
-                raise ValueError(f"accepted count {a} outside 0..{self.block_size}")
+            if not 0 <= a <= self.num_candidates:
+                raise ValueError(f"accepted count {a} outside 0..{self.num_candidates}")
             r = int(r)
             while len(self.per_request) <= r:
                 self.per_request.append([])
@@ -71,16 +72,16 @@ class AcceptanceRecorder:
 
     def merge(self, other: AcceptanceRecorder) -> AcceptanceRecorder:
         """Append ``other``'s requests (as new requests, after this recorder's). Returns self."""
-        if other.block_size != self.block_size:
+        if other.num_candidates != self.num_candidates:
             raise ValueError(
-                f"cannot merge block sizes {self.block_size} and {other.block_size}"
+                f"cannot merge {self.num_candidates} and {other.num_candidates} candidates per round"
             )
         self.per_request.extend(list(r) for r in other.per_request)
         return self
 
     # -- statistics --------------------------------------------------------------------------
     def histogram(self) -> list[int]:
-        hist = [0] * (self.block_size + 1)
+        hist = [0] * (self.num_candidates + 1)
         for rounds in self.per_request:
             for a in rounds:
                 hist[a] += 1
@@ -92,7 +93,7 @@ class AcceptanceRecorder:
 
     def summary(self) -> dict[str, Any]:
         """SPEC §6 metrics. Ratios with an empty denominator are ``None``."""
-        k_max = self.block_size
+        k_max = self.num_candidates
         hist = self.histogram()
         total = sum(hist)
         req_means = [
@@ -121,7 +122,8 @@ class AcceptanceRecorder:
             "p_cond": p_cond,
             "rounds": total,
             "num_requests": len(req_means),
-            "block_size": k_max,
+            "num_candidates": k_max,
+            "block_size": k_max + 1,   # the verified block: A and the K candidates
         }
 
 

@@ -34,11 +34,11 @@ from collections.abc import Sequence
 
 import torch
 
-from dmtp.block_drafter import BlockDrafter
+from dmtp.block_drafter import BlockDrafter, MTPBlockInputs
 from dmtp.decode.stage import Stage, present
 from dmtp.decode.verify import probs_from_logits, sample_from_probs
-from dmtp.injection.base import BLOCK_CANDIDATES
 from dmtp.models.mtp import NativeMTP
+from dmtp.models.mtp_chain import chain_mtp
 from dmtp.models.qwen3 import KVCache
 
 
@@ -102,25 +102,14 @@ class MTPState:
         """One chained row (scratch; the next catch-up overwrites it): [B], [B, H], [B] -> g [B, H]."""
         return self.mtp.forward_rows(token[:, None], prev_hidden[:, None], position[:, None], self.cache, span)[:, 0]
 
-    def chain(self, st, steps: int, keep_hidden: bool = False, keep_logits: bool = False):
-        """T1..T_steps from chaining the MTP: step 1 reads the cached `h` (built from the target's
-        states), each later step its own post-norm hidden of the previous step, in scratch rows after
-        the anchor. -> (tokens [B, S], q [B, S, V] or None, hiddens that predicted them [B, S, H] or
-        None, their logits [B, S, V] or None), the last two only when asked for."""
-        h = self.h
+    def chain(self, st, steps: int, keep_logits: bool = False):
+        """T1..T_steps from chaining the MTP (`chain_mtp`): step 1 reads the cached `h` (built from the
+        target's states), each later step its own post-norm hidden of the previous step, in scratch
+        rows after the anchor. -> `MTPChain` (tokens [B, S], hiddens that predicted them [B, S, H],
+        their logits [B, S, V] when asked for, q [B, S, V] when sampled)."""
         a = st.target_lengths()
-        toks, qs, hiddens, logits = [], [], [], []
-        for j in range(steps):
-            if j > 0:
-                h = self.step(toks[-1], h, a + j, st.span)
-            scores = self.logits(h)
-            tok, q = pick_tokens(scores, st)
-            toks.append(tok)
-            qs.append(q)
-            hiddens.append(h)
-            logits.append(scores)
-        stack = lambda xs, keep: torch.stack(xs, dim=1) if keep else None  # noqa: E731
-        return stack(toks, True), stack(qs, st.q is not None), stack(hiddens, keep_hidden), stack(logits, keep_logits)
+        return chain_mtp(self.mtp, self.h, steps, lambda j, token, h: self.step(token, h, a + j, st.span),
+                         pick=lambda scores: pick_tokens(scores, st), keep_logits=keep_logits)
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
         return self.mtp.logits(g)
@@ -140,9 +129,6 @@ class DrafterState:
         self.drafter, self.injection = drafter, drafter.injection
         self.embed_weight, self.lm_head_weight = embed_weight, lm_head_weight
 
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.drafter.embed(ids, self.embed_weight)
-
     @property
     def context_caches(self) -> tuple:
         """The context K/V, which `append` writes at the verified rows (positions >= the committed length)."""
@@ -153,9 +139,7 @@ class DrafterState:
         self.caches = [KVCache(batch, c.num_key_value_heads, max_len, c.head_dim, dtype, device)
                        for _ in range(c.num_hidden_layers)]
         self.ctx_positions = torch.arange(max_len, device=device).expand(batch, -1)
-        n = self.injection.num_slots
-        self.block_ids = torch.zeros(batch, n, dtype=torch.long, device=device)
-        self.slots = torch.zeros(batch, n, c.hidden_size, dtype=dtype, device=device)
+        self.slots = torch.zeros(batch, 1, self.injection.num_slots, c.hidden_size, dtype=dtype, device=device)
 
     def append(self, features: torch.Tensor, mtp_features: torch.Tensor | None, positions: torch.Tensor) -> None:
         """Context K/V of rows [B, R] at `positions` (rows past a request's accepted count are scratch,
@@ -165,23 +149,20 @@ class DrafterState:
         for cache, (k, v) in zip(self.caches, self.drafter.context_kv(hidden, positions)):
             cache.write(positions, k, v)
 
-    def build(self, anchor: torch.Tensor, mtp_tokens: torch.Tensor | None, mtp_hidden: torch.Tensor | None,
-              num_mtp: torch.Tensor) -> None:
-        self.slots.copy_(self.injection.build_block(self.embed, anchor, mtp_tokens, mtp_hidden, num_mtp))
+    def build(self, anchor: torch.Tensor, mtp: MTPBlockInputs | None) -> None:
+        """The block's slots (one block per request), kept for `draft`."""
+        self.slots.copy_(self.drafter.block_slots(self.embed_weight, anchor[:, None], mtp))
 
-    def draft(self, anchor_pos: torch.Tensor, first_prev: torch.Tensor, sampler, span: int | None = None):
-        """Tokens [B, num_drafter_candidates] (and q when sampling) for the predicted slots; context
-        strictly before A, read from the first `span` cache slots (None: all). The drafter itself turns
-        its hidden states into candidates (`propose`: argmax per slot for DFlash, the candidate
-        selector's path for DFlash2)."""
-        inj = self.injection
-        positions = inj.slot_positions(anchor_pos)
-        limit = anchor_pos[:, None].expand(-1, inj.num_slots)
+    def draft(self, anchor: torch.Tensor, anchor_pos: torch.Tensor, mtp: MTPBlockInputs | None, sampler,
+              span: int | None = None):
+        """The block's K candidates [B, K] (and q when sampling) from the slots `build` made; context
+        strictly before A, read from the first `span` cache slots (None: all)."""
         w = self.ctx_positions.shape[1] if span is None else min(span, self.ctx_positions.shape[1])
         ctx_kv = [(c.k[:, :, :w], c.v[:, :, :w]) for c in self.caches]
-        hidden = self.drafter(self.slots, positions, ctx_kv, self.ctx_positions[:, :w], limit, self.block_ids)
-        return self.drafter.propose(hidden[:, inj.first_predicted_slot:], self.lm_head_weight, first_prev,
-                                    sampler=sampler)
+        block = self.drafter.draft_block(self.embed_weight, anchor[:, None], anchor_pos[:, None], ctx_kv,
+                                         self.ctx_positions[:, :w], mtp, lm_head_weight=self.lm_head_weight,
+                                         sampler=sampler, slots=self.slots)
+        return block.candidates[:, 0], None if block.q is None else block.q[:, 0]
 
 
 class Proposer:
@@ -240,18 +221,18 @@ class MTPChainProposer(Proposer):
         m, k = self.mtp_state, self.num_candidates
 
         def chain():
-            toks, q, _, _ = m.chain(st, k)
-            st.candidates.copy_(toks)
+            out = m.chain(st, k)
+            st.candidates.copy_(out.tokens)
             if st.q is not None:
-                st.q.copy_(q)
+                st.q.copy_(out.q)
 
         return [Stage("mtp", chain, writes=present(st.candidates, st.q), scratch=(m.cache,))]
 
 
 class DrafterProposer(Proposer):
-    """A DFlash drafter (raw or DMTP): 7 candidates, the MTP's T1..Tm first when the injection uses it
-    (m = 1 but for the multi-step variant, whose S-step MTP chain runs every round, m chosen per
-    request from it)."""
+    """A DFlash drafter (raw or DMTP): K = block_size - 1 candidates, the MTP's T1..Tm first when the
+    injection uses it (m = 1 but for the multi-step variant, whose S-step MTP chain runs every round, m
+    chosen per request from it)."""
 
     def __init__(self, drafter: BlockDrafter, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor,
                  mtp: NativeMTP | None = None, name: str = "drafter"):
@@ -262,16 +243,13 @@ class DrafterProposer(Proposer):
             if mtp is None:
                 raise ValueError(f"the {drafter.variant} drafter needs the target's native MTP (none given)")
             self.mtp_state = MTPState(mtp, keep_features=injection.needs_mtp_context)
-        self.num_candidates = BLOCK_CANDIDATES
+        self.num_candidates = injection.num_candidates
         self.layer_ids = drafter.layer_ids
 
     def allocate(self, st) -> None:
         super().allocate(st)
         self.dstate.allocate(st.batch, st.max_len, st.device, st.dtype)
         inj = self.injection
-        n_t1 = 1 if inj.uses_mtp else 0
-        if n_t1 + inj.num_drafter_candidates != self.num_candidates:
-            raise ValueError(f"injection proposes {n_t1 + inj.num_drafter_candidates} candidates, expected {self.num_candidates}")
         s = inj.mtp_steps
         self.mtp_tokens = torch.zeros(st.batch, max(s, 1), dtype=torch.long, device=st.device)   # T1..TS
         self.mtp_hidden = torch.zeros(st.batch, s, self.mtp_state.hidden_size, dtype=st.dtype, device=st.device) \
@@ -299,29 +277,29 @@ class DrafterProposer(Proposer):
     def propose_stages(self, st) -> list[Stage]:
         inj, d = self.injection, self.dstate
         steps = inj.mtp_steps
-        tokens = self.mtp_tokens[:, :steps] if steps else None
+        # The block's MTP inputs (views of the buffers the chain fills; one block per request).
+        mtp = (MTPBlockInputs(self.mtp_tokens[:, None, :steps], self.mtp_hidden[:, None], self.num_mtp[:, None],
+                              None if self.mtp_q is None else self.mtp_q[:, None]) if steps else None)
 
         def chain():   # T1..TS, the hiddens that predicted them and their q; m from the chain's logits
-            toks, q, hidden, logits = self.mtp_state.chain(st, steps, keep_hidden=True, keep_logits=steps > 1)
-            self.mtp_tokens.copy_(toks)
-            self.mtp_hidden.copy_(hidden)
+            out = self.mtp_state.chain(st, steps, keep_logits=steps > 1)
+            self.mtp_tokens.copy_(out.tokens)
+            self.mtp_hidden.copy_(out.hidden)
             if self.mtp_q is not None:
-                self.mtp_q.copy_(q)
+                self.mtp_q.copy_(out.q)
             if steps > 1:   # one step: m = 1 always (set at allocation)
-                self.num_mtp.copy_(inj.choose_num_mtp(logits))
+                self.num_mtp.copy_(inj.choose_num_mtp(out.logits))
 
         def t1_fusion():
             if steps == 1:   # the T1 head is part of this stage; a longer chain is its own "mtp" stage
                 chain()
-            d.build(st.anchor, tokens, self.mtp_hidden, self.num_mtp)
+            d.build(st.anchor, mtp)
 
         def draft():
-            first_prev = self.t1 if inj.uses_mtp else st.anchor   # the token before the first predicted slot
-            tok, q = d.draft(st.target_lengths(), first_prev, lambda scores: pick_tokens(scores, st), st.span)
-            # Candidate j is the MTP's for j <= m (its q with it), else the drafter's.
-            st.candidates.copy_(inj.merge_candidates(tokens, tok, self.num_mtp))
+            tok, q = d.draft(st.anchor, st.target_lengths(), mtp, lambda scores: pick_tokens(scores, st), st.span)
+            st.candidates.copy_(tok)
             if st.q is not None:
-                st.q.copy_(inj.merge_candidates(self.mtp_q, q, self.num_mtp))
+                st.q.copy_(q)
 
         drafting = Stage("drafter", draft, writes=present(st.candidates, st.q))
         if steps == 0:   # raw DFlash: no MTP
@@ -350,7 +328,7 @@ class ScriptedProposer(Proposer):
     request its own j (None: nothing corrupted, all K accepted), so one round mixes lengths. With
     `reject_first_rounds = N` every candidate of the first N rounds is wrong (rollback tests)."""
 
-    def __init__(self, continuations: Sequence[Sequence[int]], num_candidates: int = BLOCK_CANDIDATES,
+    def __init__(self, continuations: Sequence[Sequence[int]], num_candidates: int,
                  corrupt_at: int | Sequence[int | None] | None = None, vocab_size: int | None = None,
                  name: str = "scripted", reject_first_rounds: int = 0):
         per_request = list(corrupt_at) if isinstance(corrupt_at, Sequence) else [corrupt_at] * len(continuations)

@@ -15,7 +15,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from dmtp.block_drafter import MTPBlockInputs
 from dmtp.decode.proposers import ARProposer, DrafterProposer, MTPChainProposer, Proposer
+from dmtp.models.mtp_chain import MTPChain, chain_mtp
 
 # (target, ids [1, T] ending with the anchor A) -> the round's candidates c1..cK
 Propose = Callable[[object, torch.Tensor], list[int]]
@@ -47,26 +49,25 @@ def reference_generate(target, propose: Propose, prompt: Sequence[int], max_new_
     return out, accepted
 
 
-def mtp_chain(mtp, ids: torch.Tensor, target_hidden: torch.Tensor, steps: int):
+def mtp_chain(mtp, ids: torch.Tensor, target_hidden: torch.Tensor, steps: int) -> MTPChain:
     """The MTP's greedy chain T1..T_steps after the last token of ids [1, T], teacher-forced on the
     target's hidden states [1, T, H]; where the target's hidden is not known (after A), the MTP reads
-    its own previous hidden. -> tokens [1, S], the hiddens that predicted them [1, S, H], logits [1, S, V]."""
-    hidden_in = target_hidden          # row t of forward_teacher consumes (ids[t], hidden_in[t - 1])
-    tokens, hiddens, logits = [], [], []
-    for _ in range(steps):
-        g = mtp.forward_teacher(ids, hidden_in)[:, -1]             # the row of the last token: predicts the next
-        scores = mtp.logits(g)
-        tokens.append(scores.argmax(-1))
-        hiddens.append(g)
-        logits.append(scores)
-        ids = torch.cat([ids, tokens[-1][:, None]], dim=1)
-        hidden_in = torch.cat([hidden_in[:, :-1], g[:, None], torch.zeros_like(g[:, None])], dim=1)
-    return torch.stack(tokens, 1), torch.stack(hiddens, 1), torch.stack(logits, 1)
+    its own previous hidden. Every row is recomputed over the whole sequence so far."""
+    seq, hidden_in = ids, target_hidden   # row t of forward_teacher consumes (seq[t], hidden_in[t - 1])
+
+    def step(j, token, hidden):           # the row of T_j, which reads h_j: it predicts T_{j+1}
+        nonlocal seq, hidden_in
+        seq = torch.cat([seq, token[:, None]], dim=1)
+        hidden_in = torch.cat([hidden_in[:, :-1], hidden[:, None], torch.zeros_like(hidden[:, None])], dim=1)
+        return mtp.forward_teacher(seq, hidden_in)[:, -1]
+
+    first = mtp.forward_teacher(ids, target_hidden)[:, -1]     # the row of A: predicts T1
+    return chain_mtp(mtp, first, steps, step, keep_logits=True)
 
 
 def propose_mtp_chain(mtp, steps: int) -> Propose:
     def propose(target, ids):
-        return mtp_chain(mtp, ids, target(ids).last_hidden, steps)[0][0].tolist()
+        return mtp_chain(mtp, ids, target(ids).last_hidden, steps).tokens[0].tolist()
     return propose
 
 
@@ -79,22 +80,16 @@ def propose_drafter(drafter, mtp=None) -> Propose:
         a = ids.shape[1] - 1                                       # A's position
         out = target(ids, layer_ids=drafter.layer_ids)
         g = mtp.forward_teacher(ids, out.last_hidden) if injection.needs_mtp else None
-        tokens = hidden = None
-        num = torch.zeros(1, dtype=torch.long)
-        if injection.mtp_steps:
-            tokens, hidden, logits = mtp_chain(mtp, ids, out.last_hidden, injection.mtp_steps)
-            num = injection.choose_num_mtp(logits)
-        context = drafter.context(out.layer_hidden, g)
-        ctx_positions = torch.arange(a + 1)[None]
-        embed = lambda x: drafter.embed(x, target.embed_tokens.weight)  # noqa: E731
-        slots = injection.build_block(embed, ids[:, a], tokens, hidden, num)
-        positions = injection.slot_positions(torch.tensor([a]))
-        limit = torch.full_like(positions, a)                      # the context strictly before A
-        h = drafter(slots, positions, drafter.context_kv(context, ctx_positions), ctx_positions, limit,
-                    torch.zeros_like(positions))
-        first_prev = tokens[:, 0] if injection.uses_mtp else ids[:, a]
-        drafted, _ = drafter.propose(h[:, injection.first_predicted_slot:], target.lm_head.weight, first_prev)
-        return injection.merge_candidates(tokens, drafted, num)[0].tolist()
+        proposal = None
+        if injection.mtp_steps:                                    # T1..TS from the MTP, m of them in the block
+            chain = mtp_chain(mtp, ids, out.last_hidden, injection.mtp_steps)
+            num = injection.choose_num_mtp(chain.logits)
+            proposal = MTPBlockInputs(chain.tokens[:, None], chain.hidden[:, None], num[:, None])
+        ctx_positions = torch.arange(a + 1)[None]                  # the target features up to A; the block sees < A
+        ctx_kv = drafter.context_kv(drafter.context(out.layer_hidden, g), ctx_positions)
+        block = drafter.draft_block(target.embed_tokens.weight, ids[:, a:], torch.tensor([[a]]), ctx_kv,
+                                    ctx_positions, proposal, lm_head_weight=target.lm_head.weight)
+        return block.candidates[0, 0].tolist()
     return propose
 
 

@@ -7,7 +7,7 @@ that the YAMLs and the catalogue agree).
 """
 # The catalogue lists variants in import order (the README table's and the report's order): the
 # baseline, the single-anchor ones, the context ones, the fusions, then the dual-anchor ones.
-from dmtp.injection.base import BLOCK_CANDIDATES, Injection
+from dmtp.injection.base import Injection
 from dmtp.injection.catalogue import CATALOGUE, variant, variant_of
 from dmtp.injection.raw_dflash import RawDFlash
 from dmtp.injection.token_only import TokenOnly
@@ -23,6 +23,6 @@ from dmtp.injection.multi_mtp_zero_init import MultiMTPZeroInit
 # name -> class, for callers that only need the classes (tests, tools).
 VARIANTS = {name: entry.cls for name, entry in CATALOGUE.items()}
 
-__all__ = ["BLOCK_CANDIDATES", "CATALOGUE", "Injection", "VARIANTS", "variant", "variant_of",
+__all__ = ["CATALOGUE", "Injection", "VARIANTS", "variant", "variant_of",
            "RawDFlash", "TokenOnly", "HiddenResidualT1", "SixMaskResidual", "ContextFusion", "MTPContextOnly",
            "FusionT1", "DualAnchorFusion", "DualAnchorZeroInit", "MultiMTPZeroInit"]

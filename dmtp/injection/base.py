@@ -31,10 +31,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from dmtp.models.drafter import require_block_size
 from dmtp.models.qwen3 import RMSNorm
 
 Embed = Callable[[torch.Tensor], torch.Tensor]
-BLOCK_CANDIDATES = 7  # candidates per round in every method (the target verifies [A, c1..c7])
 
 
 class Injection(nn.Module):
@@ -52,23 +52,31 @@ class Injection(nn.Module):
         super().__init_subclass__(**kwargs)
         cls.needs_mtp = cls.uses_mtp or cls.needs_mtp_context
 
-    def __init__(self, hidden_size: int, num_target_features: int, mask_token_id: int):
+    def __init__(self, hidden_size: int, num_target_features: int, mask_token_id: int, block_size: int):
         super().__init__()
         self.hidden_size = hidden_size
         self.num_target_features = num_target_features
         self.mask_token_id = mask_token_id
+        # B, the verified width: the target verifies [A, c1..c_{B-1}] (the drafter's block_size, or a
+        # shorter one chosen at decoding time; the drafter sets it, see dmtp.block_drafter).
+        self.block_size = require_block_size(block_size)
         # The options it was built with, saved with the drafter so that it rebuilds identically; the
         # catalogue's `register_variant` records them from the constructor's call.
         self.variant_options: dict = {}
 
     # -- layout ---------------------------------------------------------------------------------
     @property
+    def num_candidates(self) -> int:
+        """K = B - 1 candidates per round in every method (the target verifies [A, c1..cK])."""
+        return self.block_size - 1
+
+    @property
     def num_slots(self) -> int:
-        return BLOCK_CANDIDATES + 1 - self.first_slot_offset
+        return self.block_size - self.first_slot_offset
 
     @property
     def num_drafter_candidates(self) -> int:
-        return BLOCK_CANDIDATES - (1 if self.uses_mtp else 0)
+        return self.num_candidates - (1 if self.uses_mtp else 0)
 
     @property
     def first_predicted_slot(self) -> int:
@@ -123,13 +131,14 @@ class Injection(nn.Module):
         if mtp_values is None:
             return drafted
         d = num_mtp.dim()
-        fixed = BLOCK_CANDIDATES - self.num_drafter_candidates      # candidates that always come from the MTP
+        k = self.num_candidates
+        fixed = k - self.num_drafter_candidates      # candidates that always come from the MTP
         by_drafter = torch.cat([mtp_values.narrow(d, 0, fixed), drafted], dim=d)
         steps = mtp_values.shape[d]
         if steps == fixed:   # m is constant: nothing to choose (every variant but the multi-step one)
             return by_drafter
-        by_mtp = torch.cat([mtp_values, by_drafter.narrow(d, steps, BLOCK_CANDIDATES - steps)], dim=d)
-        use_mtp = torch.arange(BLOCK_CANDIDATES, device=num_mtp.device) < num_mtp[..., None]
+        by_mtp = torch.cat([mtp_values, by_drafter.narrow(d, steps, k - steps)], dim=d)
+        use_mtp = torch.arange(k, device=num_mtp.device) < num_mtp[..., None]
         use_mtp = use_mtp.view(*use_mtp.shape, *([1] * (by_mtp.dim() - use_mtp.dim())))
         return torch.where(use_mtp, by_mtp, by_drafter)
 
@@ -160,9 +169,15 @@ class Injection(nn.Module):
         raise NotImplementedError
 
     def t1_and_masks(self, embed: Embed, t1: torch.Tensor) -> torch.Tensor:
-        """Embeddings of [T1, MASK x6]."""
-        ids = torch.cat([t1[:, None], self.mask_ids(t1.shape[0], BLOCK_CANDIDATES - 1, t1.device)], dim=1)
+        """Embeddings of [T1, MASK x (B-2)]."""
+        ids = torch.cat([t1[:, None], self.mask_ids(t1.shape[0], self.num_candidates - 1, t1.device)], dim=1)
         return embed(ids)
+
+    def previous_token(self, anchor: torch.Tensor, mtp_tokens: torch.Tensor | None) -> torch.Tensor:
+        """The token just before the first slot the drafter predicts (what a DFlash2 selector path starts
+        from): T1 when the MTP proposes it, else A. anchor [...], mtp_tokens [..., S] or None -> [...].
+        The one rule for decoding (T1 = the MTP's proposal) and training (T1 = the data token)."""
+        return mtp_tokens[..., 0] if self.uses_mtp else anchor
 
 
 class LowRankResidual(nn.Module):

@@ -5,8 +5,8 @@ the only place a variant is named and described. Everything else reads the catal
 (`make_injection`, used by `dmtp.block_drafter`), the sweep report's labels (`dmtp.report`), the README's variant table
 (`dmtp.injection.readme_table`) and the test that checks `conf/injection/*.yaml` against it.
 
-A variant's options are its constructor's own keyword arguments after the three the drafter sets
-(hidden size, tapped layers, mask id); their defaults and annotations come from the signature, so
+A variant's options are its constructor's own keyword arguments after the four the drafter sets
+(hidden size, tapped layers, mask id, block size); their defaults and annotations come from the signature, so
 nothing lists them by hand. The values a module was built with are recorded on it
 (`Injection.variant_options`) and saved with the drafter, so it rebuilds identically.
 """
@@ -17,7 +17,8 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-STRUCTURE = ("hidden_size", "num_target_features", "mask_token_id")   # set by the drafter, not options
+# Set by the drafter (its width, taps, mask token and block width), not options.
+STRUCTURE = ("hidden_size", "num_target_features", "mask_token_id", "block_size")
 
 
 @dataclass(frozen=True)
@@ -92,14 +93,16 @@ def variant(name: str) -> Variant:
     return CATALOGUE[name]
 
 
-def make_injection(name: str, hidden_size: int, num_target_features: int, mask_token_id: int, **options):
-    """A module of variant `name`; an option it does not have is one clear error."""
+def make_injection(name: str, hidden_size: int, num_target_features: int, mask_token_id: int, block_size: int,
+                   **options):
+    """A module of variant `name` for blocks of `block_size` slots; an option it does not have is one
+    clear error."""
     entry = variant(name)
     unknown = [k for k in options if k not in entry.options]
     if unknown:
         raise ValueError(f"{unknown[0]!r} is not an option of injection {name} (its options: "
                          f"{', '.join(entry.options) or 'none'})")
-    return entry.cls(hidden_size, num_target_features, mask_token_id, **options)
+    return entry.cls(hidden_size, num_target_features, mask_token_id, block_size, **options)
 
 
 def variant_of(module) -> Variant:

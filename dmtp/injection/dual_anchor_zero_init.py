@@ -14,8 +14,8 @@ from dmtp.injection.catalogue import register_variant
 class DualAnchorZeroInit(Injection):
     first_slot_offset = 0
 
-    def __init__(self, hidden_size, num_target_features, mask_token_id):
-        super().__init__(hidden_size, num_target_features, mask_token_id)
+    def __init__(self, hidden_size, num_target_features, mask_token_id, block_size):
+        super().__init__(hidden_size, num_target_features, mask_token_id, block_size)
         self.fusion = TokenHiddenFusion(hidden_size, zero_init=True)
 
     def build_slots(self, embed, anchor, t1, h_mtp):

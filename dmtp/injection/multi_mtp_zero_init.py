@@ -1,6 +1,6 @@
 """Adaptive multi-step MTP before the block (the blog's "next steps"): the MTP proposes T1..Tm, the
 drafter fills the rest of the block in one forward. Dual-anchor zero-init slots for every m:
-[E(A), E(T1) + D1, ..., E(Tm) + Dm, MASK x (7 - m)], D_j = W[RMS_e(E(T_j)); RMS_m(sg(h_j))] with one
+[E(A), E(T1) + D1, ..., E(Tm) + Dm, MASK x (B - 1 - m)], D_j = W[RMS_e(E(T_j)); RMS_m(sg(h_j))] with one
 shared zero-initialised W (h_j: the MTP hidden that predicted T_j along its own chain).
 
 One W for every j, not one per position: every D_j is the same job (fuse a token with the hidden
@@ -13,20 +13,20 @@ frequent early ones learn.
   count keeps the graphs static), and m per request is all of them (`mtp_threshold` null or 0) or,
   adaptively, 1 + the number of leading steps j >= 2 whose top-1 probability (the MTP's own
   softmax) reaches `mtp_threshold` (T1 is always proposed: nothing is accepted without it).
-The block keeps 8 slots whatever m is; slots past m are plain MASKs, and the drafter's candidates
+The block keeps its B slots whatever m is; slots past m are plain MASKs, and the drafter's candidates
 for positions <= m are replaced by the MTP's (`merge_candidates`)."""
 from __future__ import annotations
 
 import torch
 
-from dmtp.injection.base import BLOCK_CANDIDATES, Injection, TokenHiddenFusion
+from dmtp.injection.base import Injection, TokenHiddenFusion
 from dmtp.injection.catalogue import register_variant
 
 
-def _check_options(max_mtp_tokens, mtp_threshold, num_mtp_tokens) -> None:
-    if type(max_mtp_tokens) is not int or not 1 <= max_mtp_tokens <= BLOCK_CANDIDATES:
-        raise ValueError(f"max_mtp_tokens must be an integer in 1..{BLOCK_CANDIDATES} (the block's candidates), "
-                         f"got {max_mtp_tokens!r}")
+def _check_options(max_mtp_tokens, mtp_threshold, num_mtp_tokens, num_candidates: int) -> None:
+    if type(max_mtp_tokens) is not int or not 1 <= max_mtp_tokens <= num_candidates:
+        raise ValueError(f"max_mtp_tokens must be an integer in 1..{num_candidates} (the block's candidates, "
+                         f"block_size - 1), got {max_mtp_tokens!r}")
     if num_mtp_tokens is not None and (type(num_mtp_tokens) is not int or not 1 <= num_mtp_tokens <= max_mtp_tokens):
         raise ValueError(f"num_mtp_tokens must be an integer in 1..max_mtp_tokens={max_mtp_tokens} (null: "
                          f"{max_mtp_tokens}), got {num_mtp_tokens!r}")
@@ -44,10 +44,10 @@ class MultiMTPZeroInit(Injection):
     first_slot_offset = 0
     decoding_options = ("num_mtp_tokens", "mtp_threshold")   # max_mtp_tokens (M) is what it was trained for
 
-    def __init__(self, hidden_size, num_target_features, mask_token_id, max_mtp_tokens: int = 3,
+    def __init__(self, hidden_size, num_target_features, mask_token_id, block_size, max_mtp_tokens: int = 3,
                  mtp_threshold: float | None = None, num_mtp_tokens: int | None = None):
-        super().__init__(hidden_size, num_target_features, mask_token_id)
-        _check_options(max_mtp_tokens, mtp_threshold, num_mtp_tokens)
+        super().__init__(hidden_size, num_target_features, mask_token_id, block_size)
+        _check_options(max_mtp_tokens, mtp_threshold, num_mtp_tokens, self.num_candidates)
         self.fusion = TokenHiddenFusion(hidden_size, zero_init=True)
         self._max = max_mtp_tokens
         self.mtp_threshold = float(mtp_threshold) if mtp_threshold else None
@@ -77,12 +77,12 @@ class MultiMTPZeroInit(Injection):
             num_mtp = torch.full((n,), steps, dtype=torch.long, device=anchor.device)
         used = torch.arange(1, steps + 1, device=anchor.device) <= num_mtp[:, None]       # [N, S]: T_j in the block
         tokens = torch.where(used, mtp_tokens, self.mask_token_id)
-        rest = self.mask_ids(n, BLOCK_CANDIDATES - steps, anchor.device)
-        e = embed(torch.cat([anchor[:, None], tokens, rest], dim=1))                       # [N, 8, H]
+        rest = self.mask_ids(n, self.num_candidates - steps, anchor.device)
+        e = embed(torch.cat([anchor[:, None], tokens, rest], dim=1))                       # [N, B, H]
         e_tok = e[:, 1:steps + 1]
         fused = e_tok + self.fusion(e_tok, mtp_hidden).to(e.dtype)
         return torch.cat([e[:, :1], torch.where(used[..., None], fused, e_tok), e[:, steps + 1:]], dim=1)
 
     def build_slots(self, embed, anchor, t1, h_mtp):
-        """[E(A), E(T1) + D1, MASK x6]: the block with m = 1."""
+        """[E(A), E(T1) + D1, MASK x (B-2)]: the block with m = 1."""
         return self.block_slots(embed, anchor, t1[:, None], h_mtp[:, None], None)

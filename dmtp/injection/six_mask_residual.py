@@ -8,8 +8,8 @@ from dmtp.injection.catalogue import register_variant
 @register_variant(name="six_mask_residual", slots="[T1, MASK+r x6]",
                   injected="same residual on the six MASKs")
 class SixMaskResidual(Injection):
-    def __init__(self, hidden_size, num_target_features, mask_token_id, rank: int = 64):
-        super().__init__(hidden_size, num_target_features, mask_token_id)
+    def __init__(self, hidden_size, num_target_features, mask_token_id, block_size, rank: int = 64):
+        super().__init__(hidden_size, num_target_features, mask_token_id, block_size)
         self.residual = LowRankResidual(hidden_size, rank)
 
     def build_slots(self, embed, anchor, t1, h_mtp):

@@ -50,6 +50,20 @@ _SELECTOR_TRAINING_DEFAULTS = {"selector_alpha": 1.0, "selector_warmup_steps": 0
                                "selector_gold_outside_topk": "replace"}
 
 
+# The block widths the code honours: B = 2 (one candidate) up to 32 slots (K = B - 1 candidates verified
+# per round). The width itself is each drafter's `block_size` (its config and checkpoint), never a constant.
+BLOCK_SIZE_RANGE = (2, 32)
+
+
+def require_block_size(value, what: str = "block_size") -> int:
+    """`value` as the block width, or one line saying why the code cannot honour it."""
+    low, high = BLOCK_SIZE_RANGE
+    if type(value) is not int or not low <= value <= high:
+        raise ValueError(f"{what} must be an integer in {low}..{high} (the verified block: A and {low - 1}.."
+                         f"{high - 1} candidates), got {value!r}")
+    return value
+
+
 @dataclass
 class DFlashConfig:
     hidden_size: int
@@ -85,6 +99,7 @@ class DFlashConfig:
     selector_gold_outside_topk: str | None = None  # "replace" | "skip"
 
     def __post_init__(self):
+        require_block_size(self.block_size, "drafter block_size")
         self.target_layer_ids = [int(i) for i in self.target_layer_ids]
         if self.context_dim is None:
             self.context_dim = len(self.target_layer_ids) * self.hidden_size
@@ -207,7 +222,7 @@ class DFlashConfig:
             num_key_value_heads=d.get("num_key_value_heads", d["num_attention_heads"]),
             head_dim=d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"],
             vocab_size=d["vocab_size"], num_target_layers=n_target, target_layer_ids=list(ids),
-            mask_token_id=int(mask_id), block_size=int(pick("block_size", 16)), context_dim=sub.get("context_dim"),
+            mask_token_id=int(mask_id), block_size=pick("block_size", 16), context_dim=sub.get("context_dim"),
             rms_norm_eps=d.get("rms_norm_eps", 1e-6), rope_theta=rope_theta(d),
             max_position_embeddings=d.get("max_position_embeddings", 4096), layer_types=d.get("layer_types"),
             sliding_window=d.get("sliding_window"), is_causal=d.get("is_causal"),
@@ -480,6 +495,7 @@ def load_drafter(path, dtype: torch.dtype = torch.float32):
     return drafter, extras, raw.get("dmtp") or {}
 
 
-__all__ = ["DFlashConfig", "DFlashDrafter", "DFlashLayer", "DFLASH_ARCH", "DFLASH2_ARCH", "build_target_layer_ids",
+__all__ = ["BLOCK_SIZE_RANGE", "require_block_size",
+           "DFlashConfig", "DFlashDrafter", "DFlashLayer", "DFLASH_ARCH", "DFLASH2_ARCH", "build_target_layer_ids",
            "dflash_attention_mask", "DRAFTER_CLASSES", "register_drafter", "drafter_class", "build_drafter_from_config", "save_drafter", "load_drafter",
            "read_drafter_config"]

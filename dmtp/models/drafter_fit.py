@@ -19,3 +19,12 @@ def require_context_width(drafter_config, injection, what: str = "drafter") -> N
     if drafter_config.context_dim != injection.context_dim:
         raise ValueError(f"{what} has context width {drafter_config.context_dim} (its fc input), but the "
                          f"injection {type(injection).__name__} builds {injection.context_dim}")
+
+
+def require_block_fit(drafter_config, injection, what: str = "drafter") -> None:
+    """The injection's blocks are at most the width the drafter was trained with (a shorter verified
+    block is allowed at decoding time, as the reference package's block_size= allows; a longer one
+    would put slots at offsets the drafter never saw)."""
+    if injection.block_size > drafter_config.block_size:
+        raise ValueError(f"{what} was trained with block_size {drafter_config.block_size}: it can verify a "
+                         f"block of 2..{drafter_config.block_size}, not {injection.block_size}")

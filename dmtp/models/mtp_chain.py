@@ -1,4 +1,13 @@
-"""The native MTP chained from many anchors of teacher-forced sequences at once, as decoding chains it.
+"""The native MTP's chain T1..TS (`chain_mtp`, the one chain rule every caller runs) and its teacher-forced
+backend for many anchors at once (`TeacherChain`).
+
+`chain_mtp` says what a chain is: T_j is picked from the hidden h_j that predicts it (h_1: the MTP row of
+A, built from the target's states); h_{j+1} is the MTP row that consumes (T_j, h_j). How a row is
+computed is the caller's `step`: the reference round reruns the MTP over the whole sequence, the
+decoding loop writes scratch rows of its static cache, training and the validation walk use
+`TeacherChain` below.
+
+The native MTP chained from many anchors of teacher-forced sequences at once, as decoding chains it.
 
 In decoding, chain step j from anchor a is the MTP row at position a + j that consumes (T_j, h_j)
 (h_1 = g_a, the hidden that predicted T1; h_{j+1} the step's output) and attends over the MTP's
@@ -14,9 +23,52 @@ stored in differ from decoding's, which attention does not see. The block's own 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from dmtp.models.qwen3 import additive_mask, cache_mask
+
+
+@dataclass
+class MTPChain:
+    """tokens [..., S] (T1..TS); hidden [..., S, H] (h_j, the hidden that predicted T_j); logits
+    [..., S, V] when kept; q [..., S, V] when the picks were sampled (None when greedy or fed)."""
+    tokens: torch.Tensor
+    hidden: torch.Tensor
+    logits: torch.Tensor | None = None
+    q: torch.Tensor | None = None
+
+
+def greedy_pick(scores: torch.Tensor):
+    return scores.argmax(-1), None
+
+
+def chain_mtp(mtp, first_hidden: torch.Tensor, steps: int,
+              step: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor],
+              pick: Callable = greedy_pick, tokens: torch.Tensor | None = None, keep_logits: bool = False) -> MTPChain:
+    """The MTP's chain of `steps` tokens from `first_hidden` [..., H] (h_1). `step(j, T_j, h_j)` -> h_{j+1}
+    (j = 1..steps-1) is the row that consumes the chain's j-th token; `pick(logits)` -> (token, q or
+    None) chooses each token (greedy by default); `tokens` [..., steps] feeds given tokens instead
+    (teacher forcing: no logits are computed)."""
+    h = first_hidden
+    toks, hiddens, logits, qs = [], [], [], []
+    for j in range(steps):
+        if j:
+            h = step(j, toks[-1], h)
+        hiddens.append(h)
+        if tokens is None:
+            scores = mtp.logits(h)
+            tok, q = pick(scores)
+            toks.append(tok)
+            logits.append(scores)
+            qs.append(q)
+        else:
+            toks.append(tokens[..., j])
+    keep = keep_logits and tokens is None
+    return MTPChain(torch.stack(toks, -1), torch.stack(hiddens, -2), torch.stack(logits, -2) if keep else None,
+                    torch.stack(qs, -2) if qs and qs[0] is not None else None)
 
 
 class _SlotCache:

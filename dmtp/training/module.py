@@ -19,11 +19,10 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
-from dmtp.block_drafter import BlockDrafter
-from dmtp.injection.base import BLOCK_CANDIDATES
+from dmtp.block_drafter import BlockDrafter, MTPBlockInputs
 from dmtp.models.drafter_fit import require_target_fit
-from dmtp.training.blocks import (MTPBlockInputs, draft_blocks, mtp_block_inputs, predicted_positions, sample_anchors,
-                                  teacher_features, valid_anchors)
+from dmtp.training.blocks import (draft_blocks, mtp_block_inputs, predicted_positions, sample_anchors, teacher_features,
+                                  valid_anchors)
 from dmtp.training.resume import current_key
 from dmtp.training.validation import exact_acceptance
 
@@ -69,10 +68,11 @@ class DMTPModule(L.LightningModule):
         self.num_anchors, self.loss_gamma, self.label_source = num_anchors, loss_gamma, label_source
         self.t1_source = t1_source
         self.val_walk = val_walk
+        k = drafter.num_candidates   # the chain is compared within the drafter's block
         if isinstance(val_mtp_chain_steps, bool) or not isinstance(val_mtp_chain_steps, int) \
-                or not 0 <= val_mtp_chain_steps <= BLOCK_CANDIDATES:
-            raise ValueError(f"val_mtp_chain_steps must be an integer in 0..{BLOCK_CANDIDATES}, "
-                             f"got {val_mtp_chain_steps!r}")
+                or not 0 <= val_mtp_chain_steps <= k:
+            raise ValueError(f"val_mtp_chain_steps must be an integer in 0..{k}, got {val_mtp_chain_steps!r} "
+                             f"(the chain is walked within the drafter's block of {k + 1})")
         self.val_mtp_chain_steps = val_mtp_chain_steps
         self.train_mtp, self.mtp_loss_weight = train_mtp, float(mtp_loss_weight)
         if train_mtp:   # its own layers only: the embedding and LM head are the target's, never trained
@@ -122,14 +122,14 @@ class DMTPModule(L.LightningModule):
             after = (anchors[..., None] + offsets).clamp(max=t - 1)
             data = input_ids.gather(1, after.flatten(1)).view_as(after)
             num = inj.sample_num_mtp(anchors.shape, generator, input_ids.device)
-            tokens, mtp_hidden, _ = mtp_block_inputs(self.mtp, feats, anchors, steps, tokens=data,
-                                                     mtp_grad=self.train_mtp)
+            chain = mtp_block_inputs(self.mtp, feats, anchors, steps, tokens=data, mtp_grad=self.train_mtp)
             if self.t1_source == "mtp":   # keep a block only if the MTP itself proposes its m tokens
-                own = self.mtp.logits(mtp_hidden).argmax(-1)
+                own = self.mtp.logits(chain.hidden).argmax(-1)
                 keep = keep & ((own == data) | (offsets > num[..., None])).all(-1)
-            mtp_inputs = MTPBlockInputs(tokens, mtp_hidden, num)
-        hidden = draft_blocks(self.drafter, self.target.embed_tokens.weight, feats, anchors, keep, mtp_inputs,
-                              mtp_grad=self.train_mtp)
+            mtp_inputs = MTPBlockInputs(chain.tokens, chain.hidden, num)
+        block = draft_blocks(self.drafter, self.target.embed_tokens.weight, feats, anchors, keep, mtp_inputs,
+                             mtp_grad=self.train_mtp)
+        hidden = block.hidden
         logits = self.drafter.logits(hidden, self.target.lm_head.weight).float()   # [B, N, n_pred, V]
 
         pos = predicted_positions(inj, anchors)
@@ -156,8 +156,7 @@ class DMTPModule(L.LightningModule):
         loss = (ce * weights).sum() / weights.sum().clamp(min=1e-6)
         # Each predicted slot's predecessor is the token one position earlier on the gold path: the slot
         # before the first prediction holds A (raw_dflash) or T1 (= the data token x_{a+1} in training).
-        first_prev = input_ids.gather(1, (pos[..., 0] - 1).clamp(min=0, max=t - 1))
-        prev = torch.cat([first_prev[..., None], labels[..., :-1]], dim=-1)
+        prev = torch.cat([block.previous[..., None], labels[..., :-1]], dim=-1)
         aux = self.drafter.auxiliary_loss(hidden, self.target.lm_head.weight, labels, prev, weights,
                                           step=step, logits=logits)
         self.last_auxiliary_loss = aux.detach()

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from dmtp.injection.base import BLOCK_CANDIDATES
-from dmtp.training.blocks import MTPBlockInputs, TeacherFeatures, draft_blocks, mtp_block_inputs, teacher_features
+from dmtp.block_drafter import MTPBlockInputs
+from dmtp.training.blocks import TeacherFeatures, draft_blocks, mtp_block_inputs, teacher_features
 
 ANCHOR_CHUNK = 48
 
@@ -44,17 +44,13 @@ def candidate_matches(target, mtp, drafter, input_ids: torch.Tensor, feats: Teac
     embed_w = target.embed_tokens.weight
     for anchors in _anchor_chunks(input_ids):
         keep = torch.ones_like(anchors, dtype=torch.bool)
-        mtp_inputs = tokens = num = None
+        mtp_inputs = None
         if injection.uses_mtp:
             # The MTP's own greedy chain from each anchor and the m decoding would choose from it.
-            tokens, hidden, logits = mtp_block_inputs(mtp, feats, anchors, injection.mtp_steps)
-            num = injection.choose_num_mtp(logits)
-            mtp_inputs = MTPBlockInputs(tokens, hidden, num)
-        hidden = draft_blocks(drafter, embed_w, feats, anchors, keep, mtp_inputs)
-        first_prev = tokens[..., 0] if tokens is not None else input_ids.gather(1, anchors)
-        drafted, _ = drafter.propose(hidden, target.lm_head.weight, first_prev)   # [B, n, n_pred], greedy
-        cands = injection.merge_candidates(tokens, drafted, num)[..., :BLOCK_CANDIDATES]
-        matches[:, anchors[0]] = _leading_matches(cands, anchors, input_ids)
+            chain = mtp_block_inputs(mtp, feats, anchors, injection.mtp_steps)
+            mtp_inputs = MTPBlockInputs(chain.tokens, chain.hidden, injection.choose_num_mtp(chain.logits))
+        block = draft_blocks(drafter, embed_w, feats, anchors, keep, mtp_inputs, lm_head_weight=target.lm_head.weight)
+        matches[:, anchors[0]] = _leading_matches(block.candidates, anchors, input_ids)   # greedy, as decoding
     return matches
 
 
@@ -64,8 +60,8 @@ def mtp_chain_matches(mtp, feats: TeacherFeatures, steps: int) -> torch.Tensor:
     from the features the drafter's walk already computed (`feats.mtp_hidden` must be present)."""
     matches = torch.zeros_like(feats.input_ids, dtype=torch.long)
     for anchors in _anchor_chunks(feats.input_ids):
-        tokens, _, _ = mtp_block_inputs(mtp, feats, anchors, steps)   # its own greedy chain, as decoding proposes
-        matches[:, anchors[0]] = _leading_matches(tokens, anchors, feats.input_ids)
+        chain = mtp_block_inputs(mtp, feats, anchors, steps)   # its own greedy chain, as decoding proposes
+        matches[:, anchors[0]] = _leading_matches(chain.tokens, anchors, feats.input_ids)
     return matches
 
 
@@ -80,18 +76,19 @@ def walk(matches: torch.Tensor, prompt_len: int, budget: int) -> list[int]:
     return rounds
 
 
-def walk_statistics(matches: torch.Tensor, prompt_len, length) -> dict:
+def walk_statistics(matches: torch.Tensor, prompt_len, length, num_candidates: int) -> dict:
     """Walk and all-anchor acceptance of per-anchor match counts [B, T] over (prompt + greedy
-    continuation) sequences. prompt_len/length [B]: the prompt's length and the sequence's valid
-    length; the walk's budget is length - prompt_len - BLOCK_CANDIDATES, so every compared position
-    lies inside the sequence (the same budget for every proposer compared on these sequences)."""
+    continuation) sequences, for blocks of K = `num_candidates` candidates (the histogram counts 0..K
+    accepted). prompt_len/length [B]: the prompt's length and the sequence's valid length; the walk's
+    budget is length - prompt_len - K, so every compared position lies inside the sequence (the same
+    budget for every proposer compared on these sequences)."""
     matches = matches.cpu()
-    hist = torch.zeros(BLOCK_CANDIDATES + 1, dtype=torch.long)
+    hist = torch.zeros(num_candidates + 1, dtype=torch.long)
     walk_tokens = walk_rounds = anchor_tokens = anchor_count = 0
     per_request = []
     for i in range(matches.shape[0]):
         p, n = int(prompt_len[i]), int(length[i])
-        budget = n - p - BLOCK_CANDIDATES
+        budget = n - p - num_candidates
         if budget <= 0:
             continue
         rounds = walk(matches[i], p, budget)
@@ -112,7 +109,8 @@ def exact_acceptance(target, mtp, drafter, input_ids, prompt_len, length, mtp_ch
     `mtp_chain_steps` (and an MTP in use) also those of the MTP chain alone on the same sequences, under
     "mtp_chain"."""
     feats = teacher_features(target, mtp, drafter, input_ids)
-    out = walk_statistics(candidate_matches(target, mtp, drafter, input_ids, feats), prompt_len, length)
+    k = drafter.num_candidates
+    out = walk_statistics(candidate_matches(target, mtp, drafter, input_ids, feats), prompt_len, length, k)
     if mtp_chain_steps and feats.mtp_hidden is not None:
-        out["mtp_chain"] = walk_statistics(mtp_chain_matches(mtp, feats, mtp_chain_steps), prompt_len, length)
+        out["mtp_chain"] = walk_statistics(mtp_chain_matches(mtp, feats, mtp_chain_steps), prompt_len, length, k)
     return out

@@ -7,11 +7,18 @@ import re
 
 from dmtp.decode.metrics import format_table
 
-SHOWN_LENGTHS = (2, 4, 7)   # P(L>=k): accepted-run lengths worth a column (k=1 is t1_accept)
-CHAIN_LENGTHS = (2, 4)      # the chain proposes 4 tokens: P(L>=7) is 0 by construction
+SHOWN_LENGTHS = (2, 4)      # P(L>=k): accepted-run lengths worth a column (k=1 is t1_accept), and the whole block
+CHAIN_LENGTHS = (2, 4)      # the chain proposes 4 tokens: P(L>=K) is 0 by construction
 
 
 _CHAIN_TAU = re.compile(r"walk/[^/]+/(mtp[0-9]+(?:_tuned)?)_tau")
+_DRAFTER_LENGTH = re.compile(r"walk/[^/]+/p_len_ge_([0-9]+)")
+
+
+def shown_lengths(record: dict) -> tuple[int, ...]:
+    """The P(L>=k) columns: SHOWN_LENGTHS and K, the drafter's whole block (its largest k in the record)."""
+    ks = [int(m.group(1)) for m in map(_DRAFTER_LENGTH.fullmatch, record) if m]
+    return tuple(sorted(set(SHOWN_LENGTHS) | ({max(ks)} if ks else set())))
 
 
 def _chain_prefix(record: dict) -> str | None:
@@ -27,7 +34,7 @@ def walk_rows(record: dict) -> list[dict]:
     for domain in domains:
         metric = lambda name: record.get(f"walk/{domain}/{name}")  # noqa: E731
         row = {"domain": domain, "tau": metric("tau"), "t1_accept": metric("t1_accept")}
-        for k in SHOWN_LENGTHS:
+        for k in shown_lengths(record):
             row[f"P(L>={k})"] = metric(f"p_len_ge_{k}")
         if chain is not None:
             row[f"{chain} tau"] = metric(f"{chain}_tau")
@@ -44,7 +51,7 @@ def walk_table(record: dict) -> str | None:
     if not rows:
         return None
     chain = _chain_prefix(record)
-    columns = ["domain", "tau", "t1_accept", *(f"P(L>={k})" for k in SHOWN_LENGTHS)]
+    columns = ["domain", "tau", "t1_accept", *(f"P(L>={k})" for k in shown_lengths(record))]
     beside = ""
     if chain is not None:
         columns += [f"{chain} tau", f"{chain} t1_accept", *(f"{chain} P(L>={k})" for k in CHAIN_LENGTHS)]
