@@ -52,10 +52,13 @@ step() {
     return $rc
 }
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
-# Only the wheelhouse: no config file, no PIP_* variable, no index (the machine has no network anyway).
+# Only the wheelhouse: no config file, no PIP_* variable (its build-dependency subprocess reads them too,
+# --isolated or not), no index (the machine has no network anyway).
 pip_offline() {
-    PIP_CONFIG_FILE=/dev/null "$PY" -m pip --isolated install -q --no-index --find-links "$WHEELS" \
-        --no-cache-dir --no-compile --disable-pip-version-check "$@"
+    local unset=() v
+    for v in $(compgen -e | grep '^PIP_'); do unset+=(-u "$v"); done
+    env "${unset[@]}" PIP_CONFIG_FILE=/dev/null "$PY" -m pip --isolated install -q --no-index \
+        --find-links "$WHEELS" --no-cache-dir --no-compile --disable-pip-version-check "$@"
 }
 
 install() {
@@ -153,15 +156,15 @@ bench_peer() {
     local dev graphs=""
     dev=$("$PY" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
     [ "$dev" = cuda ] && graphs=--cuda-graphs
-    "$PY" tools/bench_peer.py --preset micro --random-drafter --device "$dev" $graphs --num-prompts 4 \
+    "$PY" tools/bench_peer.py --preset micro --random-drafter --device "$dev" $graphs --num-prompts 2 \
         --max-new-tokens 64 --reps 2 --hf-batch-sizes 1 8 --out "$work/bench_peer.json"
 }
 
 export -f install probe build_target gpu_tests bench_decode bench_peer pip_offline
 export PY WHEELS work out
 
-# The limits add up to 495 s (under the 540 s call): install 60, probe 40, target 45, tests 170,
-# bench 2 x 60, peer 60. Typical times are far below; a hung step only costs its own limit.
+# The limits add up to 500 s (under the 540 s call): install 60, probe 40, target 45, tests 170,
+# bench 2 x 55, peer 75. Typical times are far below; a hung step only costs its own limit.
 # The console (the tool's output_tail) gets the gist; the files under $out have everything.
 quiet() { grep -vE "Warning: |warnings.warn\(|_cpu_device_warning\(\)|^\s*$"; }
 step install 60 install >"$out/install.log" 2>&1; grep -E "^== (python3|wheelhouse|not installed)|rc=" "$out/install.log"
@@ -172,10 +175,12 @@ if wants tests; then
     grep -E "^(SKIPPED|FAILED|ERROR)|passed|failed|rc=" "$out/gpu_tests.txt" | tail -30
 fi
 if wants bench; then
-    { step bench_graphs 60 bench_decode ""; step bench_eager 60 bench_decode --no-cuda-graphs; } >"$out/bench_decode.txt" 2>&1
+    { step bench_graphs 55 bench_decode ""; step bench_eager 55 bench_decode --no-cuda-graphs; } >"$out/bench_decode.txt" 2>&1
     quiet <"$out/bench_decode.txt" | grep -vE "^report written"
 fi
-if wants peer; then step peer 60 bench_peer >"$out/bench_peer.txt" 2>&1; quiet <"$out/bench_peer.txt" | grep -vE "^report written"; fi
+if wants peer; then step peer 75 bench_peer >"$out/bench_peer.txt" 2>&1; quiet <"$out/bench_peer.txt" | grep -vE "^report written"; fi
 tar -czf "$out/reports.tar.gz" -C "$work" . 2>/dev/null
-echo "gpu_check done in $(( $(date +%s) - t_start )) s" | tee -a "$summary"
+failed=$(grep -E " rc=[1-9]" "$summary" | cut -d' ' -f1 | tr '\n' ' ')
+echo "gpu_check done in $(( $(date +%s) - t_start )) s; failed steps: ${failed:-none}" | tee -a "$summary"
 rm -rf "$work"
+[ -z "$failed" ]
