@@ -144,12 +144,12 @@ def main(argv=None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), torch.float32
-    path, target, tok = load_target(args.target, args.preset, device, dtype)
-    eos = tok.eos_token_id
     if args.drafter and args.random_drafter:
         raise SystemExit("bench_peer: --drafter and --random-drafter exclude each other")
     if args.cuda_graphs and device.type != "cuda":
         raise SystemExit(f"bench_peer: --cuda-graphs needs --device cuda, got {args.device}")
+    path, target, tok = load_target(args.target, args.preset, device, dtype)
+    eos = tok.eos_token_id
     if args.random_drafter:
         drafter_dir = write_random_drafter(target, tok)
     else:
