@@ -41,3 +41,20 @@ def test_bench_threads_times_a_training_step_of_a_preset():
 
     result = bench_threads.child("micro", seconds=0.2)
     assert result["steps"] >= 1 and result["steps_per_s"] > 0 and result["threads"] >= 1
+
+
+def test_bench_peer_runs_with_an_untrained_drafter(tmp_path, micro_target_dir):
+    """--random-drafter: the reference loop and ours decode with one untrained raw DFlash drafter written
+    for the target (a bare GPU machine has no trained one), greedy tokens identical."""
+    import pytest
+
+    pytest.importorskip("dflash.model")
+    import bench_peer
+
+    report = bench_peer.main(["--target", str(micro_target_dir), "--random-drafter", "--domains", "code",
+                              "--num-prompts", "2", "--prompt-tokens", "16", "--max-new-tokens", "6", "--reps", "1",
+                              "--temperature", "0", "--hf-batch-sizes", "--threads", "1"])
+    assert Path(report["drafter"]).name.startswith("bench_peer_drafter_")
+    greedy = report["peer"]["0.0"]
+    assert greedy["dmtp"]["identical"] == greedy["dmtp"]["requests"] == 2
+    assert report["ar"] == {}

@@ -192,6 +192,11 @@ def drafter_spec(spec: str) -> tuple[str, dict]:
     return path, options
 
 
+def random_drafter_mask_id(tok, target) -> int:
+    """The mask token of an untrained drafter: the tokenizer's `<|mask|>` where it has one, else the last id."""
+    return tok.convert_tokens_to_ids("<|mask|>") if "<|mask|>" in tok.get_vocab() else target.config.vocab_size - 1
+
+
 def random_drafter(target, name: str, mask_token_id: int, device, dtype, seed: int = 0):
     from dmtp.block_drafter import fresh_drafter_for
 
@@ -301,7 +306,7 @@ def main(argv=None) -> dict:
         block_size = options.pop("block_size", None)   # DIR@block_size=8: a shorter verified block
         drafters.append((*load_drafter_for(target, p, dtype, device, options=options, block_size=block_size),
                          mtp_for_drafter(target, path, p, mtp)))   # its own jointly trained MTP, if it has one
-    mask_id = tok.convert_tokens_to_ids("<|mask|>") if "<|mask|>" in tok.get_vocab() else target.config.vocab_size - 1
+    mask_id = random_drafter_mask_id(tok, target)
     for name in filter(None, args.random_drafters.split(",")):
         drafters.append((*random_drafter(target, name, mask_id, device, dtype), mtp))
 

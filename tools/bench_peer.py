@@ -11,14 +11,18 @@ process, and the table gives medians (tok/s = output tokens / wall time, prefill
 time apart). Needs the reference package: `pip install --no-deps dflash==0.1.0`.
 
     python tools/bench_peer.py --drafter <raw DFlash run>/drafter --compile
+    python tools/bench_peer.py --preset micro --random-drafter --device cuda --cuda-graphs   # a bare GPU machine
 """
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -68,6 +72,18 @@ def run_reference(model, target, prompts, max_new: int, eos: int | None, tempera
     return {"tokens": tokens, "tok_s": n / wall, "tau": statistics.fmean(taus) if taus else None}
 
 
+def write_random_drafter(target, tok) -> str:
+    """An untrained raw DFlash drafter for `target` in the published layout, in a temporary directory
+    (removed at exit), so that the comparison runs where no drafter was trained (a bare GPU machine)."""
+    from bench_decode import random_drafter, random_drafter_mask_id
+
+    drafter, _ = random_drafter(target, "raw_dflash", random_drafter_mask_id(tok, target), "cpu", torch.float32)
+    out = tempfile.mkdtemp(prefix="bench_peer_drafter_")
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
+    drafter.save(out)
+    return out
+
+
 def run_ours(decoder: SpecDecoder, prompts, max_new: int, sampling: SamplingConfig, batch: int, seed: int) -> dict:
     res = decoder.generate(prompts, max_new_tokens=max_new, sampling=sampling, batch_size=batch, seed=seed)
     s = res.summary()
@@ -105,6 +121,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--target", default=None, help="target checkpoint dir (default: the embedded --preset)")
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--drafter", default=None, help="a raw DFlash / DFlash2 drafter dir (default: the newest trained)")
+    ap.add_argument("--random-drafter", action="store_true",
+                    help="no trained drafter: an untrained raw DFlash drafter for the target, written to a temporary "
+                         "dir and loaded by both loops (identical tokens still checked; tau means nothing)")
     ap.add_argument("--domains", default="code,prose,math")
     ap.add_argument("--num-prompts", type=int, default=8, help="per domain")
     ap.add_argument("--prompt-tokens", type=int, default=64)
@@ -113,6 +132,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--hf-batch-sizes", type=int, nargs="*", default=[1, 8], help="AR vs generate() at these batches")
     ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions (medians reported)")
     ap.add_argument("--compile", action="store_true", help="also our compiled loop (torch.compile of the stages)")
+    ap.add_argument("--cuda-graphs", action="store_true", help="also our loop with CUDA graphs (--device cuda)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int, default=0)
@@ -124,27 +144,38 @@ def main(argv=None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), torch.float32
+    if args.drafter and args.random_drafter:
+        raise SystemExit("bench_peer: --drafter and --random-drafter exclude each other")
+    if args.cuda_graphs and device.type != "cuda":
+        raise SystemExit(f"bench_peer: --cuda-graphs needs --device cuda, got {args.device}")
     path, target, tok = load_target(args.target, args.preset, device, dtype)
     eos = tok.eos_token_id
-    latest = find_latest_drafter(target=path)   # the newest trained for this target
-    drafter_dir = args.drafter or (str(latest) if latest else None)
+    if args.random_drafter:
+        drafter_dir = write_random_drafter(target, tok)
+    else:
+        latest = find_latest_drafter(target=path)   # the newest trained for this target
+        drafter_dir = args.drafter or (str(latest) if latest else None)
     if drafter_dir is None:
-        raise SystemExit("bench_peer: no --drafter given and no trained drafter found")
+        raise SystemExit("bench_peer: no --drafter given and no trained drafter found (--random-drafter: an untrained one)")
     drafter, variant = load_drafter_for(target, drafter_dir, dtype, device)
     if drafter.needs_mtp:
         raise SystemExit(f"bench_peer: {drafter_dir} is a {variant} drafter; the reference loop runs raw DFlash only")
     theirs = reference_model(drafter_dir, dtype, device)
     mtp = load_native_mtp(path, target.embed_tokens, target.lm_head)
 
-    def decoder(method: str, compile: bool = False) -> SpecDecoder:
+    def decoder(method: str, compile: bool = False, graphs: bool = False) -> SpecDecoder:
         kw = {"drafter": drafter} if method == "drafter" else {}
-        return SpecDecoder(target, build_proposer(method, target, mtp=mtp, **kw), eos_token_id=eos, compile=compile)
+        return SpecDecoder(target, build_proposer(method, target, mtp=mtp, **kw), eos_token_id=eos, compile=compile,
+                           cuda_graphs=graphs)
 
     ours = {"dmtp": decoder("drafter")}
     ar = {"dmtp AR": decoder("ar")}
     if args.compile:
         ours["dmtp compiled"] = decoder("drafter", compile=True)
         ar["dmtp AR compiled"] = decoder("ar", compile=True)
+    if args.cuda_graphs:
+        ours["dmtp graphs"] = decoder("drafter", graphs=True)
+        ar["dmtp AR graphs"] = decoder("ar", graphs=True)
     workloads = embedded_prompts(tok, args.domains.split(","), args.num_prompts, args.prompt_tokens)
     prompts = [p for ps in workloads.values() for p in ps]
     n = args.max_new_tokens

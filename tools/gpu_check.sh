@@ -1,17 +1,186 @@
 #!/usr/bin/env bash
-# The device checks, as one short script for a lent CUDA machine (run from the repo root):
-#   bash tools/gpu_check.sh [OUT_DIR]
-# 1. the GPU tests (CUDA graphs == eager tokens and acceptance, flash-attn path, sampling under graphs);
-# 2. the side-by-side decoding benchmark on the embedded micro target with graphs on and off.
+# The GPU day check: one prepared call on a lent CUDA machine, which has NO network (BENCHMARKS.md, "GPU day").
+# Here first, with PyPI reachable:   bash tools/gpu_wheelhouse.sh          (-> gpu_wheels/, ignored by git)
+# Then, on the machine:              run(command="bash tools/gpu_check.sh", carry=["gpu_wheels"], timeout_s=540)
+#
+# Steps, each under its own timeout; a step that fails is reported and the next one runs:
+#   install  the wheelhouse offline (--no-index --find-links gpu_wheels: what the image lacks, fallbacks for
+#            what it has), dflash --no-deps, the project itself --no-deps -e . (PYTHONPATH=. either way)
+#   probe    GPU, torch/triton, the optional kernels importable (flash-attn, fla, causal-conv1d: the last
+#            two are what dmtp's hybrid kernel path needs together), a CUDA graph captured and replayed
+#   target   the embedded micro target under $DMTP_HOME (the tests and benchmarks share it): the copy that
+#            gpu_wheelhouse.sh put in gpu_wheels/dmtp_home when its cache key still matches, else built here
+#   tests    python -m pytest -m gpu tests: graphs == eager tokens and accepted lengths for every method,
+#            sampling under graphs, the hybrid and DeepSeek/GLM runners under graphs, flash-attn and the
+#            fla/causal-conv1d kernels where installed (skip reasons listed)
+#   bench    tools/bench_decode.py on the micro target, CUDA graphs on, then off
+#   peer     tools/bench_peer.py: the reference dflash_generate vs our loop (eager and CUDA graphs) on the
+#            same untrained raw DFlash drafter; identical greedy tokens
+# Output: $OUT (the device tool's folder), else $1, else gpu_check_out/ -- at most 8 files come back:
+#   summary.txt (one line per step: rc, seconds), install.log, probe.txt, gpu_tests.txt, bench_decode.txt,
+#   bench_peer.txt, reports.tar.gz (the JSON reports and the tests' junit XML).
+# Knobs: GPU_CHECK_STEPS="tests peer" runs a subset (a rerun in what is left of the lease; install always
+# runs); GPU_CHECK_TIME_SCALE=4 stretches every timeout (a CPU rehearsal); PYTHON (default python3);
+# GPU_WHEELS (default gpu_wheels).
 set -uo pipefail
-out="${1:-${OUT:-gpu_check_out}}"
+cd "$(dirname "$0")/.."
+out="${OUT:-${1:-gpu_check_out}}"
 mkdir -p "$out"
-pip install -q -e ".[dev]" >"$out/pip.log" 2>&1 || { echo "pip install failed"; tail -5 "$out/pip.log"; exit 1; }
-python -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')" | tee "$out/device.txt"
-python -c "import flash_attn; print('flash-attn', flash_attn.__version__)" 2>/dev/null | tee -a "$out/device.txt" || echo "flash-attn not installed" | tee -a "$out/device.txt"
-python -m pytest -q -m gpu tests 2>&1 | tee "$out/gpu_tests.txt" | tail -15
-for graphs in "" "--no-cuda-graphs"; do
-  python tools/bench_decode.py --preset micro --random-drafters raw_dflash,dual_anchor_zero_init \
-      --num-prompts 8 --max-new-tokens 64 --batch-size 8 $graphs --out "$out/bench${graphs:+_eager}.json" \
-      2>&1 | grep -v "it/s\]" | tail -12 | tee "$out/bench${graphs:+_eager}.txt"
-done
+out="$(cd "$out" && pwd)"
+work="$(mktemp -d /tmp/gpu_check.XXXXXX)"
+PY="${PYTHON:-python3}"
+WHEELS="$(cd "${GPU_WHEELS:-gpu_wheels}" 2>/dev/null && pwd || echo "${GPU_WHEELS:-gpu_wheels}")"
+STEPS="${GPU_CHECK_STEPS:-probe target tests bench peer}"
+SCALE="${GPU_CHECK_TIME_SCALE:-1}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
+if [ -z "${DMTP_HOME:-}" ] && [ -d "$WHEELS/dmtp_home" ]; then   # the carried micro target, in a writable copy
+    cp -r "$WHEELS/dmtp_home" "$work/dmtp_home" && export DMTP_HOME="$work/dmtp_home"
+fi
+summary="$out/summary.txt"
+t_start=$(date +%s)
+echo "gpu_check $(git rev-parse --short HEAD 2>/dev/null || echo '?') $(date -u +%FT%TZ) steps: install $STEPS" | tee "$summary"
+
+# step NAME SECONDS CMD...: runs CMD under `timeout` (SECONDS x SCALE), logs "NAME rc=.. s=.." to summary.txt.
+step() {
+    local name=$1 limit=$(( $2 * SCALE )); shift 2
+    local t0=$(date +%s)
+    timeout -k 10 "$limit" bash -c '"$@"' "$name" "$@"   # a new bash: `timeout` cannot run a function itself
+    local rc=$?
+    local note=""; [ $rc -eq 124 ] || [ $rc -eq 137 ] && note=" (timed out at ${limit}s)"
+    echo "$name rc=$rc s=$(( $(date +%s) - t0 ))$note" | tee -a "$summary"
+    return $rc
+}
+wants() { [[ " $STEPS " == *" $1 "* ]]; }
+# Only the wheelhouse: no config file, no PIP_* variable (its build-dependency subprocess reads them too,
+# --isolated or not), no index (the machine has no network anyway).
+pip_offline() {
+    local unset=() v
+    for v in $(compgen -e | grep '^PIP_'); do unset+=(-u "$v"); done
+    env "${unset[@]}" PIP_CONFIG_FILE=/dev/null "$PY" -m pip --isolated install -q --no-index \
+        --find-links "$WHEELS" --no-cache-dir --no-compile --disable-pip-version-check "$@"
+}
+
+install() {
+    # Names only, no versions: what the image already has stays as it is; the rest comes from the wheels.
+    local pkgs=(hydra-core omegaconf antlr4-python3-runtime flash-linear-attention fla-core einops
+                pytest pytest-timeout scipy)
+    echo "== $PY: $("$PY" -c 'import sys; print(sys.version.split()[0], sys.executable)')"
+    echo "== wheelhouse $WHEELS: $(ls "$WHEELS"/*.whl 2>/dev/null | wc -l) wheels, $(du -sh "$WHEELS" 2>/dev/null | cut -f1)"
+    local failed=()
+    if ! pip_offline "${pkgs[@]}"; then
+        echo "== all at once failed: one at a time"
+        for p in "${pkgs[@]}"; do pip_offline "$p" || failed+=("$p"); done
+    fi
+    pip_offline --no-deps dflash || failed+=(dflash)
+    pip_offline --no-deps -e . || failed+=("dmtp (-e .; PYTHONPATH=. serves instead)")
+    echo "== not installed: ${failed[*]:-none}"
+    "$PY" -m pip list 2>/dev/null | grep -iE '^(torch|triton|lightning|transformers|safetensors|hydra-core|omegaconf|antlr4-python3-runtime|dflash|flash-attn|flash-linear-attention|fla-core|causal-conv1d|pytest|pytest-timeout|scipy|numpy|einops|dmtp) '
+    [ ${#failed[@]} -eq 0 ]
+}
+
+probe() {
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 || echo "nvidia-smi: not available"
+    "$PY" - <<'EOF'
+import importlib, importlib.metadata as md, platform, sys
+import torch
+print(f"python {platform.python_version()}  torch {torch.__version__}  cuda build {torch.version.cuda}  "
+      f"cuda available {torch.cuda.is_available()}")
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print(f"device {p.name}  capability {p.major}.{p.minor}  {p.total_memory / 2**30:.0f} GiB  {p.multi_processor_count} SMs")
+for dist in ("triton", "transformers", "lightning", "hydra-core", "omegaconf", "dflash", "pytest", "scipy",
+             "flash-attn", "flash-linear-attention", "fla-core", "causal-conv1d", "dmtp"):
+    try:
+        print(f"  {dist} {md.version(dist)}")
+    except md.PackageNotFoundError:
+        print(f"  {dist} -")
+def importable(mod):
+    try:
+        importlib.import_module(mod)
+        return "yes"
+    except Exception as e:   # a kernel package that imports but cannot load is as absent as a missing one
+        return f"no ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+print("optional kernels:")
+for label, mod in (("flash-attn", "flash_attn"), ("fla (gated delta rule)", "fla.ops.gated_delta_rule"),
+                   ("causal-conv1d", "causal_conv1d")):
+    print(f"  {label}: {importable(mod)}")
+from dmtp.decode.runner_base import flash_attn_available
+from dmtp.models import gdn_kernels
+print(f"  dmtp flash-attn path: {flash_attn_available()}")
+print(f"  dmtp hybrid kernel path (fla + causal-conv1d): {gdn_kernels.available()}")
+if torch.cuda.is_available():
+    try:   # the decode loop's CUDA-graph path needs capture + replay to work on this driver
+        x = torch.zeros(8, device="cuda")
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            y = x * 2 + 1
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = x * 2 + 1
+        x.fill_(3)
+        g.replay()
+        torch.cuda.synchronize()
+        print(f"  CUDA graphs: capture + replay {'ok' if bool((y == 7).all()) else 'WRONG RESULT'}")
+    except Exception as e:
+        print(f"  CUDA graphs: failed ({type(e).__name__}: {e})")
+else:
+    print("  CUDA graphs: no CUDA device")
+EOF
+}
+
+build_target() {
+    "$PY" - <<'EOF'
+from dmtp.tiny.targets import default_target_dir, ensure_tiny_target
+carried = (default_target_dir("micro") / "build_report.json").exists()
+print(ensure_tiny_target("micro", progress=False), "(carried)" if carried else "(built here)")
+EOF
+}
+
+gpu_tests() {
+    local per_test=()   # one hung test must not take the whole step
+    "$PY" -c "import pytest_timeout" 2>/dev/null && per_test=(--timeout 150)
+    "$PY" -m pytest -q -m gpu tests -p no:cacheprovider -rs "${per_test[@]}" --junitxml "$work/gpu_tests.xml"
+}
+
+bench_decode() {   # $1: "" (CUDA graphs on) or --no-cuda-graphs
+    local name=bench${1:+_eager}
+    echo "== bench_decode ${1:-(CUDA graphs on)}"
+    "$PY" tools/bench_decode.py --preset micro --random-drafters raw_dflash,dual_anchor_zero_init \
+        --num-prompts 8 --max-new-tokens 64 --batch-size 8 $1 --out "$work/$name.json"
+}
+
+bench_peer() {
+    local dev graphs=""
+    dev=$("$PY" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
+    [ "$dev" = cuda ] && graphs=--cuda-graphs
+    "$PY" tools/bench_peer.py --preset micro --random-drafter --device "$dev" $graphs --num-prompts 2 \
+        --max-new-tokens 64 --reps 2 --hf-batch-sizes 1 8 --out "$work/bench_peer.json"
+}
+
+export -f install probe build_target gpu_tests bench_decode bench_peer pip_offline
+export PY WHEELS work out
+
+# The limits add up to 500 s (under the 540 s call): install 60, probe 40, target 45, tests 170,
+# bench 2 x 55, peer 75. Typical times are far below; a hung step only costs its own limit.
+# The console (the tool's output_tail) gets the gist; the files under $out have everything.
+quiet() { grep -vE "Warning: |warnings.warn\(|_cpu_device_warning\(\)|^\s*$"; }
+step install 60 install >"$out/install.log" 2>&1; grep -E "^== (python3|wheelhouse|not installed)|rc=" "$out/install.log"
+if wants probe; then step probe 40 probe >"$out/probe.txt" 2>&1; quiet <"$out/probe.txt"; fi
+if wants target; then step target 45 build_target 2>&1 | tail -2; fi
+if wants tests; then
+    step tests 170 gpu_tests >"$out/gpu_tests.txt" 2>&1
+    grep -E "^(SKIPPED|FAILED|ERROR)|passed|failed|rc=" "$out/gpu_tests.txt" | tail -30
+fi
+if wants bench; then
+    { step bench_graphs 55 bench_decode ""; step bench_eager 55 bench_decode --no-cuda-graphs; } >"$out/bench_decode.txt" 2>&1
+    quiet <"$out/bench_decode.txt" | grep -vE "^report written"
+fi
+if wants peer; then step peer 75 bench_peer >"$out/bench_peer.txt" 2>&1; quiet <"$out/bench_peer.txt" | grep -vE "^report written"; fi
+tar -czf "$out/reports.tar.gz" -C "$work" . 2>/dev/null
+failed=$(grep -E " rc=[1-9]" "$summary" | cut -d' ' -f1 | tr '\n' ' ')
+echo "gpu_check done in $(( $(date +%s) - t_start )) s; failed steps: ${failed:-none}" | tee -a "$summary"
+rm -rf "$work"
+[ -z "$failed" ]
