@@ -84,7 +84,7 @@ def test_a_loaded_drafter_blocks_are_its_config_block_size(micro_target, tmp_pat
         drafter, _ = load_block_drafter(tmp_path)
         assert (drafter.block_size, drafter.num_candidates, drafter.injection.num_slots) == (16, 15, 16)
         return
-    with pytest.raises(ValueError, match=rf"^drafter block_size must be an integer in 2\.\.32 .*, got {block_size}$"):
+    with pytest.raises(ValueError, match=rf"config.json: drafter block_size must be an integer in 2\.\.32 .*, got {block_size}$"):
         load_block_drafter(tmp_path)
 
 
