@@ -116,3 +116,13 @@ def test_training_on_regenerated_data(tmp_path, monkeypatch, capsys):
     assert all(1.0 <= record[f"walk/{d}/mtp415_tau"] <= 5.0 for d in ("code", "math", "prose"))
     shards = list((tmp_path / "home" / "cache").glob("regen-*/shard-*.safetensors"))
     assert shards, "the regenerated data were not cached"
+
+
+def test_engine_in_the_cache_key_only_when_sampling():
+    """Greedy tokens are the same from dmtp and vLLM (tests/vllm_interop), so one cache serves both."""
+    greedy = [RegenSettings(new_tokens=8, engine=e).output_key() for e in ("dmtp", "vllm")]
+    sampled = [RegenSettings(new_tokens=8, temperature=1.0, engine=e).output_key() for e in ("dmtp", "vllm")]
+    assert greedy[0] == greedy[1] and sampled[0] != sampled[1]
+    assert "engine" not in sampled[0]                  # dmtp's keys are those written before engines existed
+    with pytest.raises(ValueError, match="regeneration engine must be one of dmtp, vllm"):
+        RegenSettings(new_tokens=8, engine="sglang")

@@ -7,7 +7,7 @@
 # (`pip install -e ".[vllm]"`), which pulls the CUDA build.
 #
 # Usage: bash tools/vllm_env.sh            (idempotent: a working .venv-vllm is kept as it is)
-#        .venv-vllm/bin/python -m pytest -q tests/vllm
+#        .venv-vllm/bin/python -m pytest -q tests/vllm_interop
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${DMTP_VLLM_VENV:-.venv-vllm}

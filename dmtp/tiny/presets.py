@@ -63,7 +63,7 @@ PRESETS = {
                         head_dim=16, intermediate_size=192, seq_len=128, batch_size=8, steps=250, lr=4e-3,
                         warmup_steps=20, tokenizer_chars=400_000, docs_per_domain=100),
     # `micro` with head_dim 32, the smallest attention head vLLM's CPU build runs (its attention kernels
-    # take 32, 64, 80, ...; micro's 16 is refused): the target the vLLM interop tests serve (tests/vllm).
+    # take 32, 64, 80, ...; micro's 16 is refused): the target the vLLM interop tests serve (tests/vllm_interop).
     "micro_vllm": TinyPreset(name="micro_vllm", vocab_size=512, hidden_size=64, num_layers=4, num_heads=2,
                              num_kv_heads=1, head_dim=32, intermediate_size=192, seq_len=128, batch_size=8,
                              steps=250, lr=4e-3, warmup_steps=20, tokenizer_chars=400_000, docs_per_domain=100),
