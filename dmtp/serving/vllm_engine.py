@@ -9,8 +9,9 @@ Correspondences (vLLM 0.32; see ../shared/reference/vllm-serving.md):
   same ids are `stop_token_ids`, so a custom EOS list means the same in both engines.
 - greedy = temperature 0; top_k 0 = off and top_p 1 = off mean the same in both.
 - spec-decoding counters: `vllm:spec_decode_num_drafts` is dmtp's number of verification rounds and
-  `vllm:spec_decode_num_accepted_tokens_per_pos[k]` the rounds whose accepted length exceeds k, both
-  counted before the EOS / budget cut (dmtp's `DecodeResult.accepted_raw`).
+  `vllm:spec_decode_num_accepted_tokens_per_pos[k]` the rounds whose accepted length exceeds k; per
+  request (`per_request_spec_decode_metrics="detailed"`), `per_step_accepted` is the accepted drafts
+  of each round: all counted before the EOS / budget cut, like dmtp's `DecodeResult.accepted_raw`.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ def make_llm(model: str, engine_args: dict | None = None, speculative_config: di
     if speculative_config is not None:
         args["speculative_config"] = dict(speculative_config)
         args["disable_log_stats"] = False   # the spec-decoding counters are what is compared
+        args["per_request_spec_decode_metrics"] = "detailed"   # accepted drafts per request and round
     args.update(dict(engine_args or {}))
     return vllm.LLM(**args)
 
@@ -53,13 +55,22 @@ def sampling_params(max_new_tokens: int, eos_ids: Sequence[int], temperature: fl
                           detokenize=False)
 
 
-def generate_tokens(llm, prompts: Sequence[Sequence[int]], params) -> list[list[int]]:
-    """Output token ids per prompt, in order. `params`: one SamplingParams or one per prompt."""
+def generate(llm, prompts: Sequence[Sequence[int]], params) -> tuple[list[list[int]], list[list[int]]]:
+    """(output token ids, accepted drafts per verification round) per prompt, in order; the rounds are
+    empty without speculative decoding. `params`: one SamplingParams or one per prompt."""
     from vllm.inputs import TokensPrompt
 
     outs = llm.generate([TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts], params,
                         use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outs]
+    completions = [o.outputs[0] for o in outs]
+    rounds = [list(c.spec_decode_metrics.per_step_accepted) if c.spec_decode_metrics is not None else []
+              for c in completions]
+    return [list(c.token_ids) for c in completions], rounds
+
+
+def generate_tokens(llm, prompts: Sequence[Sequence[int]], params) -> list[list[int]]:
+    """Output token ids per prompt, in order."""
+    return generate(llm, prompts, params)[0]
 
 
 def spec_decode_counts(llm) -> tuple[int, list[int]]:
@@ -80,5 +91,6 @@ def shutdown(llm) -> None:
         core.shutdown()
 
 
-__all__ = ["VLLM_MISSING", "import_vllm", "make_llm", "sampling_params", "generate_tokens", "spec_decode_counts",
+__all__ = ["VLLM_MISSING", "import_vllm", "make_llm", "sampling_params", "generate", "generate_tokens",
+           "spec_decode_counts",
            "shutdown"]

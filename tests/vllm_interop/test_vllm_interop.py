@@ -18,7 +18,8 @@ pytest.importorskip("vllm", reason=SKIP_REASON)
 from dmtp.block_drafter import build_block_drafter, fresh_drafter_for, load_block_drafter  # noqa: E402
 from dmtp.configs import compose_train  # noqa: E402
 from dmtp.decode import SpecDecoder, build_proposer  # noqa: E402
-from dmtp.serving.vllm_engine import generate_tokens, make_llm, sampling_params, shutdown, spec_decode_counts  # noqa: E402
+from dmtp.serving.vllm_engine import (generate, generate_tokens, make_llm, sampling_params, shutdown,  # noqa: E402
+                                      spec_decode_counts)
 from dmtp.training.job import train  # noqa: E402
 
 K = 7   # candidates per round in dmtp; vLLM's num_speculative_tokens (its block is 1 + K)
@@ -51,11 +52,12 @@ def dmtp_run(vllm_target, vllm_tokenizer, interop_prompts, raw_drafter_dir):
 
 @pytest.fixture(scope="module")
 def served_raw(vllm_target_dir, vllm_tokenizer, interop_prompts, raw_drafter_dir):
-    """vLLM serving the target with the raw DFlash export: (tokens, drafts, accepted per position)."""
+    """vLLM serving the target with the raw DFlash export: (tokens, accepted per request and round,
+    drafts, accepted per position)."""
     llm = make_llm(vllm_target_dir, ENGINE_ARGS, speculative_config=_spec(raw_drafter_dir))
     try:
-        tokens = generate_tokens(llm, interop_prompts, sampling_params(NEW_TOKENS, [vllm_tokenizer.eos_token_id]))
-        yield (tokens, *spec_decode_counts(llm))
+        tokens, rounds = generate(llm, interop_prompts, sampling_params(NEW_TOKENS, [vllm_tokenizer.eos_token_id]))
+        yield (tokens, rounds, *spec_decode_counts(llm))
     finally:
         shutdown(llm)
 
@@ -66,15 +68,16 @@ def _per_position(accepted: list[list[int]]) -> list[int]:
 
 def test_raw_dflash_export_served_by_vllm_gives_the_targets_greedy_tokens(dmtp_run, served_raw):
     ar, spec = dmtp_run
-    tokens, _, _ = served_raw
+    tokens, *_ = served_raw
     assert spec.tokens == ar.tokens
     assert tokens == ar.tokens
 
 
 def test_vllm_acceptance_per_position_equals_dmtps_loop(dmtp_run, served_raw):
     _, spec = dmtp_run
-    _, drafts, per_pos = served_raw
+    _, rounds, drafts, per_pos = served_raw
     ours = _per_position(spec.accepted_raw)
+    assert rounds == spec.accepted_raw            # every request, every round
     assert drafts == sum(len(r) for r in spec.accepted_raw)
     assert per_pos == ours, (per_pos, ours)
     assert ours[0] >= 0.05 * drafts and ours[K - 1] > 0     # a drafter that is accepted, deep into the block
