@@ -16,10 +16,11 @@ from tests.vllm_interop.common import ENGINE_ARGS, NEW_TOKENS, SKIP_REASON
 pytest.importorskip("vllm", reason=SKIP_REASON)
 
 from dmtp.block_drafter import build_block_drafter, fresh_drafter_for, load_block_drafter  # noqa: E402
-from dmtp.configs import compose_train  # noqa: E402
+from dmtp.configs import compose_config, compose_train  # noqa: E402
 from dmtp.decode import SpecDecoder, build_proposer  # noqa: E402
 from dmtp.serving.vllm_engine import (generate, generate_tokens, make_llm, sampling_params, shutdown,  # noqa: E402
                                       spec_decode_counts)
+from dmtp.serving.vllm_decoder import committed_accepted  # noqa: E402
 from dmtp.training.job import train  # noqa: E402
 
 K = 7   # candidates per round in dmtp; vLLM's num_speculative_tokens (its block is 1 + K)
@@ -81,6 +82,32 @@ def test_vllm_acceptance_per_position_equals_dmtps_loop(dmtp_run, served_raw):
     assert drafts == sum(len(r) for r in spec.accepted_raw)
     assert per_pos == ours, (per_pos, ours)
     assert ours[0] >= 0.05 * drafts and ours[K - 1] > 0     # a drafter that is accepted, deep into the block
+    # dmtp's counts after the budget cut follow from the raw ones and the output length
+    assert [committed_accepted(len(t), r) for t, r in zip(spec.tokens, spec.accepted_raw)] == spec.accepted
+    assert spec.accepted != spec.accepted_raw                # the budget did cut some last rounds
+
+
+def test_infer_engine_vllm_prints_dmtps_acceptance(vllm_target_dir, raw_drafter_dir, tmp_path, capsys):
+    """`python -m dmtp.infer engine=vllm`: the same prompts and table, decoded inside vLLM; greedy, every
+    acceptance figure equals dmtp's own loop (speed columns are vLLM's and are not compared)."""
+    from dmtp.decode.compare import compare_methods
+
+    def run(engine):
+        cfg = compose_config("infer", [f"engine={engine}", f"target.path={vllm_target_dir}", f"drafter.path={raw_drafter_dir}",
+                                       "methods=[ar,drafter]", "num_prompts=2", "max_new_tokens=32", "batch_size=2",
+                                       "progress=false", "eval.domains=[code,math]",
+                                       "vllm_engine_args={enforce_eager: true, max_model_len: 512}",
+                                       f"output_dir={tmp_path / engine}"])
+        return compare_methods(cfg)
+
+    ours, theirs = run("dmtp"), run("vllm")
+    assert theirs["run"]["engine"] == "vllm" and "acceptance length (tau)" in capsys.readouterr().out
+    keys = ("tau_per_request", "tau_per_verify", "t1_accept", "p_len_ge", "matches_ar")
+    for wl in ("code", "math"):
+        for method in ("ar", "raw_dflash"):
+            mine, vllms = ours["workloads"][wl][method], theirs["workloads"][wl][method]
+            assert {k: mine.get(k) for k in keys} == {k: vllms.get(k) for k in keys}, (wl, method)
+            assert vllms["matches_ar"] == 1.0
 
 
 def test_dflash2_export_in_vllm(vllm_target, vllm_target_dir, vllm_tokenizer, interop_prompts, dmtp_run, tmp_path):
