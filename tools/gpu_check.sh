@@ -15,3 +15,10 @@ for graphs in "" "--no-cuda-graphs"; do
       --num-prompts 8 --max-new-tokens 64 --batch-size 8 $graphs --out "$out/bench${graphs:+_eager}.json" \
       2>&1 | grep -v "it/s\]" | tail -12 | tee "$out/bench${graphs:+_eager}.txt"
 done
+# 3. vLLM interop (tests/vllm_interop), where a CUDA build of vLLM is installed (pip install -e ".[vllm]"):
+#    there DFlash2 exports are served (V2 model runner) instead of refused as on the CPU build.
+if python -c "import vllm" 2>/dev/null; then
+  python -m pytest -q tests/vllm_interop 2>&1 | tee "$out/vllm_tests.txt" | tail -15
+else
+  echo "vLLM not installed: tests/vllm_interop not run" | tee "$out/vllm_tests.txt"
+fi
