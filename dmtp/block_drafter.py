@@ -6,7 +6,9 @@ caller pairs a drafter with an injection by hand and the two can never disagree 
 
 On disk it is the published DFlash layout (config.json + model.safetensors under the reference names,
 which the reference package, vLLM and SGLang load) plus the injection's own tensors under
-`dmtp_injection.` and, under config.json's "dmtp" section, the variant's name and options. A plain
+`dmtp_injection.` and, under config.json's "dmtp" section, the variant's name and options. A variant
+that reads the MTP is named by its own architecture (`DMTPDraftModel`, `DMTPDFlash2DraftModel`), so
+no engine mistakes it for raw DFlash; a raw DFlash export is exactly the published drafter. A plain
 published DFlash drafter (no "dmtp" section) loads as `raw_dflash` unless told otherwise. A drafter
 trained with its MTP (model.train_mtp) also carries `mtp.safetensors`: the tuned MTP under the target
 checkpoint's own names (`tuned_mtp_path` finds it; the target is never modified).
@@ -191,7 +193,10 @@ class BlockDrafter(nn.Module):
         meta = {"injection": self.variant, "injection_kwargs": self.injection.variant_options, **extra_config}
         if tuned_mtp is not None:
             meta["tuned_mtp"] = TUNED_MTP_NAME
-        save_drafter(path, self.backbone, extra_tensors=tensors, extra_config=meta)
+        # A variant that reads the MTP is not the published DFlash drafter: it gets its own architecture
+        # name; raw DFlash stays exactly the published layout (engines serve it unchanged).
+        save_drafter(path, self.backbone, extra_tensors=tensors, extra_config=meta,
+                     dmtp_architecture=self.needs_mtp)
         if tuned_mtp is not None:
             save_tuned_mtp(path, tuned_mtp, target_path)
 

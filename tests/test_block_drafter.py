@@ -49,12 +49,30 @@ def test_build_save_load_round_trip(micro_target, tmp_path, name, architecture):
     stored = load_file(str(tmp_path / "model.safetensors"))
     assert set(stored) == set(drafter.backbone.state_dict()) | {
         "dmtp_injection." + k for k in drafter.injection.state_dict()}   # the published names + the injection's
-    meta = json.loads((tmp_path / "config.json").read_text())["dmtp"]
+    config = json.loads((tmp_path / "config.json").read_text())
+    meta = config["dmtp"]
     assert meta["injection"] == name and meta["target"] == "somewhere"
+    # Named apart from the published drafter it is not (no engine runs it as raw DFlash).
+    assert config["architectures"] == ["DMTPDFlash2DraftModel" if architecture == "dflash2" else "DMTPDraftModel"]
     loaded, saved = load_block_drafter(tmp_path)
     assert saved == meta and loaded.variant == name and type(loaded.backbone) is backbone_cls
     mine, theirs = drafter.state_dict(), loaded.state_dict()
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+
+
+@pytest.mark.parametrize("architecture", ["dflash", "dflash2"])
+def test_a_raw_dflash_export_is_exactly_the_published_layout(micro_target, tmp_path, architecture):
+    extra = {"selector_rank": 8, "selector_top_k": 4} if architecture == "dflash2" else {}
+    drafter = build_block_drafter(micro_target, "raw_dflash", 3, num_target_features=2, architecture=architecture,
+                                  **extra)
+    drafter.save(tmp_path / "export")
+    save_drafter(tmp_path / "published", drafter.backbone)        # the backbone alone, as published
+    export, published = (json.loads((tmp_path / d / "config.json").read_text()) for d in ("export", "published"))
+    assert export.pop("dmtp") == {"injection": "raw_dflash", "injection_kwargs": {}}
+    assert export == published
+    assert export["architectures"] == ["DFlash2DraftModel" if architecture == "dflash2" else "DFlashDraftModel"]
+    stored = load_file(str(tmp_path / "export" / "model.safetensors"))
+    assert set(stored) == set(drafter.backbone.state_dict())     # the published tensor names, nothing else
 
 
 def test_a_published_drafter_loads_as_raw_dflash_and_reinjects(micro_target, tmp_path):

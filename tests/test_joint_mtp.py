@@ -35,7 +35,7 @@ def _digest(path) -> str:
 
 def test_frozen_default_and_joint_training(tmp_path, micro_target_dir, micro_target):
     native = load_native_mtp(micro_target_dir, micro_target.embed_tokens, micro_target.lm_head).state_dict()
-    weights = micro_target_dir / "model.safetensors"
+    weights = micro_target_dir / "mtp.safetensors"             # the target's own MTP, beside its model weights
     before = _digest(weights)
 
     frozen, frozen_dir = _train(tmp_path, "frozen", [])

@@ -723,7 +723,7 @@ def test_error_fp8_weight_without_scale(tmp_path):
 def test_micro_target_mtp_strict_and_incremental(micro_target_dir, micro_target, micro_mtp):
     from safetensors import safe_open
 
-    with safe_open(str(Path(micro_target_dir) / "model.safetensors"), "pt") as f:
+    with safe_open(str(Path(micro_target_dir) / "mtp.safetensors"), "pt") as f:
         ckpt = {k[len("mtp."):]: f.get_tensor(k) for k in f.keys() if k.startswith("mtp.")}
     state = micro_mtp.state_dict()
     assert set(state) == set(ckpt)
@@ -734,3 +734,49 @@ def test_micro_target_mtp_strict_and_incremental(micro_target_dir, micro_target,
     hidden = micro_target(ids).last_hidden
     with torch.no_grad():
         check_incremental(micro_mtp, ids, hidden, vocab=vocab)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The MTP in its own mtp.safetensors beside the causal LM's weights (the embedded dense targets)
+# ----------------------------------------------------------------------------------------------------
+
+def write_mtp_apart(root, config: dict, tensors: dict, mtp_extra: dict | None = None, index_lists_mtp: bool = False):
+    """model.safetensors (the non-MTP tensors) with the index listing them, mtp.safetensors (the `mtp.*`
+    ones and `mtp_extra`); `index_lists_mtp`: the index names mtp.safetensors too (a sharded release)."""
+    root.mkdir(parents=True)
+    (root / "config.json").write_text(json.dumps(config))
+    main = {k: v for k, v in tensors.items() if not k.startswith("mtp.")}
+    mtp = {**{k: v for k, v in tensors.items() if k.startswith("mtp.")}, **(mtp_extra or {})}
+    save_file(main, str(root / "model.safetensors"))
+    save_file(mtp, str(root / "mtp.safetensors"))
+    weight_map = {k: "model.safetensors" for k in main}
+    if index_lists_mtp:
+        weight_map.update({k: "mtp.safetensors" for k in mtp})
+    (root / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return root
+
+
+@pytest.mark.parametrize("index_lists_mtp", [False, True])
+def test_mtp_in_its_own_file_loads_the_same_tensors(tmp_path, index_lists_mtp):
+    config, _, tensors, _ = write_qwen(tmp_path / "one_file", "qwen3_5", moe=False, shards=1)
+    apart = write_mtp_apart(tmp_path / "apart", config, tensors, index_lists_mtp=index_lists_mtp)
+    embed, head = nn.Embedding(V, QH), nn.Linear(QH, V, bias=False)
+    reference = load_native_mtp(tmp_path / "one_file", embed, head).state_dict()
+    loaded = load_native_mtp(apart, embed, head).state_dict()
+    assert set(loaded) == set(reference)
+    assert all(torch.equal(loaded[k], reference[k]) for k in reference)
+
+
+def test_error_mtp_file_holds_other_tensors(tmp_path):
+    config, _, tensors, _ = write_qwen(tmp_path / "orig", "qwen3_5", moe=False, shards=1)
+    root = write_mtp_apart(tmp_path / "stray", config, tensors, mtp_extra={"model.norm.weight": torch.ones(QH)})
+    _load_error(root, match="mtp.safetensors holds tensor model.norm.weight, which is not one of the checkpoint's MTP")
+
+
+def test_error_mtp_tensor_stored_twice(tmp_path):
+    config, _, tensors, _ = write_qwen(tmp_path / "orig", "qwen3_5", moe=False, shards=1)
+    root = write_mtp_apart(tmp_path / "twice", config, tensors)
+    save_file(tensors, str(root / "model.safetensors"))   # the MTP in the listed weights as well
+    index = {"metadata": {}, "weight_map": {k: "model.safetensors" for k in tensors}}
+    (root / "model.safetensors.index.json").write_text(json.dumps(index))
+    _load_error(root, match="tensor mtp.fc.weight is stored both in")

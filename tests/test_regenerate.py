@@ -211,3 +211,13 @@ def test_two_runs_started_together_on_one_cache_decode_it_once(micro_target, pro
     assert results["second"] == results["first"] == regenerate(micro_target, prompts, settings,
                                                                cache_root=tmp_path / "alone", progress=False)
     assert "waiting for another run that is writing the training data" in capsys.readouterr().out
+
+
+def test_engine_in_the_cache_key_only_when_sampling():
+    """Greedy tokens are the same from dmtp and vLLM (tests/vllm_interop), so one cache serves both."""
+    greedy = [RegenSettings(new_tokens=8, engine=e).output_key() for e in ("dmtp", "vllm")]
+    sampled = [RegenSettings(new_tokens=8, temperature=1.0, engine=e).output_key() for e in ("dmtp", "vllm")]
+    assert greedy[0] == greedy[1] and sampled[0] != sampled[1]
+    assert "engine" not in sampled[0]                  # dmtp's keys are those written before engines existed
+    with pytest.raises(ValueError, match="regeneration engine must be one of dmtp, vllm"):
+        RegenSettings(new_tokens=8, engine="sglang")

@@ -56,7 +56,7 @@ def no_mtp_target(micro_target_dir, tmp_path_factory):
     """The micro target without its MTP tensors (a checkpoint that ships none)."""
     root = tmp_path_factory.mktemp("no_mtp")
     for f in Path(micro_target_dir).iterdir():
-        if f.is_file():
+        if f.is_file() and f.name != "mtp.safetensors":   # the MTP's own file
             shutil.copy(f, root / f.name)
     state = load_file(str(root / "model.safetensors"))
     save_file({k: v for k, v in state.items() if not k.startswith("mtp.")}, str(root / "model.safetensors"),
@@ -370,6 +370,7 @@ def test_target_with_only_pickled_weights_is_refused(tmp_path, micro_target_dir,
     shutil.copytree(micro_target_dir, target)
     torch.save(load_file(str(target / "model.safetensors")), target / "pytorch_model.bin")   # tensors only
     (target / "model.safetensors").unlink()
+    (target / "model.safetensors.index.json").unlink()
     code, line, _ = infer_cli([f"target.path={target}", "methods=[ar]"], tmp_path / "run", monkeypatch, capsys)
     assert (code, line) == (2, f"dmtp.infer: error: target checkpoint {target} has no model.safetensors or "
                                "model.safetensors.index.json (found pytorch_model.bin: pickled weights are never "
@@ -391,6 +392,7 @@ def test_a_malicious_pickle_never_executes(tmp_path, micro_target, micro_target_
     only_evil = tmp_path / "only_evil"                 # nothing but the poisoned pickle
     shutil.copytree(micro_target_dir, only_evil)
     (only_evil / "model.safetensors").unlink()
+    (only_evil / "model.safetensors.index.json").unlink()
     shutil.copy(evil, only_evil / "pytorch_model.bin")
     with pytest.raises(FileNotFoundError, match="pickled weights are never loaded"):
         TargetModel.from_pretrained(only_evil)

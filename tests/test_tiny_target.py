@@ -16,12 +16,21 @@ def test_build_micro_from_scratch_save_reload_and_load_mtp(tmp_path):
     path = build_tiny_target("micro", tmp_path / "micro", progress=False)
     config = json.loads((path / "config.json").read_text())
     assert config["architectures"] == ["Qwen3ForCausalLM"] and config["mtp_num_hidden_layers"] == 1
+    # The causal LM alone in model.safetensors, listed by the index (what vLLM and transformers load);
+    # the MTP apart in mtp.safetensors, under the Qwen3.5 names.
     with safe_open(str(path / "model.safetensors"), "pt") as f:
         keys = set(f.keys())
+    assert not any(k.startswith("mtp.") for k in keys) and "lm_head.weight" in keys
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    assert index["weight_map"] == {k: "model.safetensors" for k in keys}
+    with safe_open(str(path / "mtp.safetensors"), "pt") as f:
+        mtp_keys = set(f.keys())
+    assert all(k.startswith("mtp.") for k in mtp_keys)
     for name in ("mtp.fc.weight", "mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight",
                  "mtp.norm.weight", "mtp.layers.0.self_attn.q_proj.weight", "mtp.layers.0.mlp.down_proj.weight"):
-        assert name in keys
-    hf = AutoModelForCausalLM.from_pretrained(path)
+        assert name in mtp_keys
+    hf, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
     tok = AutoTokenizer.from_pretrained(path)
     assert tok.mask_token == "<|mask|>" and tok.chat_template
     target = TargetModel(hf, str(path))

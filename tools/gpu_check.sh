@@ -174,6 +174,13 @@ if wants tests; then
     step tests 170 gpu_tests >"$out/gpu_tests.txt" 2>&1
     grep -E "^(SKIPPED|FAILED|ERROR)|passed|failed|rc=" "$out/gpu_tests.txt" | tail -30
 fi
+# vLLM interop (tests/vllm_interop) only where a CUDA build of vLLM is installed (pip install -e ".[vllm]";
+# the GPU image has none and no network): there DFlash2 exports and hybrid targets are served, which the
+# CPU build refuses. Appended to gpu_tests.txt (the device tool brings back at most 8 files).
+if wants tests && "$PY" -c "import vllm" 2>/dev/null; then
+    step vllm 120 "$PY" -m pytest -q tests/vllm_interop -p no:cacheprovider -rs >>"$out/gpu_tests.txt" 2>&1
+    grep -E "passed|failed|rc=" "$out/gpu_tests.txt" | tail -3
+fi
 if wants bench; then
     { step bench_graphs 55 bench_decode ""; step bench_eager 55 bench_decode --no-cuda-graphs; } >"$out/bench_decode.txt" 2>&1
     quiet <"$out/bench_decode.txt" | grep -vE "^report written"

@@ -28,7 +28,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -39,6 +39,7 @@ from dmtp.paths import dmtp_home
 
 REGEN_METHODS = ("ar", "mtp415")
 SHARD_FORMAT = 2   # 2: shards carry their checksum (older caches, which do not, are never reused)
+REGEN_ENGINES = ("dmtp", "vllm")   # dmtp's own loop | vLLM's offline batch API (dmtp.serving.regen_vllm)
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,14 @@ class RegenSettings:
     method: str = "ar"
     batch_size: int = 64
     shard_size: int = 1024
+    engine: str = "dmtp"
+    engine_args: dict = field(default_factory=dict)   # vLLM's own engine options, passed through
 
     def __post_init__(self):
+        if self.engine not in REGEN_ENGINES:
+            raise ValueError(f"regeneration engine must be one of {', '.join(REGEN_ENGINES)}, got {self.engine!r}")
+        if self.engine == "vllm" and self.method != "ar":
+            raise ValueError(f"regeneration through vLLM decodes with the target alone (method ar), got {self.method!r}")
         if self.new_tokens < 1:
             raise ValueError(f"regeneration needs new_tokens >= 1, got {self.new_tokens}")
         if self.temperature < 0:
@@ -71,9 +78,12 @@ class RegenSettings:
         """The settings that change what is written (batch size and method change the sampled
         stream's order, so they count too; greedy tokens do not depend on them)."""
         d = asdict(self)
-        if self.temperature == 0:
-            for k in ("top_k", "top_p", "seed", "method", "batch_size"):
-                d.pop(k)
+        d.pop("engine_args")   # parallelism and memory options never change the tokens
+        if self.engine == "dmtp":   # keys written before engines existed stay valid
+            d.pop("engine")
+        if self.temperature == 0:   # greedy: the same tokens from either engine (tests/vllm_interop)
+            for k in ("top_k", "top_p", "seed", "method", "batch_size", "engine"):
+                d.pop(k, None)
         return d
 
 
@@ -167,7 +177,12 @@ def _cache_lock(out_dir: Path):
 
 
 def make_writer(target, settings: RegenSettings, eos_ids: Sequence[int], mtp=None):
-    """The decoder that writes the responses (a `SpecDecoder` with the settings' method)."""
+    """The decoder that writes the responses (a `SpecDecoder` with the settings' method, or vLLM's
+    offline engine on the target's checkpoint for engine `vllm`)."""
+    if settings.engine == "vllm":
+        from dmtp.serving.regen_vllm import VLLMWriter
+
+        return VLLMWriter(str(target.path), eos_ids, settings.engine_args, dtype=str(target.dtype).split(".")[-1])
     from dmtp.decode.loop import SpecDecoder, build_proposer
 
     proposer = build_proposer(settings.method, target, mtp=mtp)
@@ -232,6 +247,8 @@ def _fill(out_dir: Path, target, prompts, settings: RegenSettings, eos_ids, mtp,
         if written:
             bar.set_postfix(tok_s=f"{written / (time.perf_counter() - started):.0f}")
     bar.close()
+    if hasattr(writer, "close"):   # an engine with processes of its own (vLLM): stop them now
+        writer.close()
     return outputs
 
 
@@ -242,4 +259,4 @@ def _bar(total: int, enabled: bool):
                 mininterval=2.0, dynamic_ncols=True)
 
 
-__all__ = ["RegenSettings", "REGEN_METHODS", "regenerate", "cache_dir_for", "target_identity", "make_writer"]
+__all__ = ["RegenSettings", "REGEN_METHODS", "REGEN_ENGINES", "regenerate", "cache_dir_for", "target_identity", "make_writer"]

@@ -81,6 +81,17 @@ def compare_methods(cfg, named: set[str] | None = None) -> dict:
 
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else target.config.eos_token_id
     decoders = {}
+    engine = cfg.get("engine", "dmtp")
+    if engine not in ("dmtp", "vllm"):
+        raise ValueError(f"engine must be dmtp or vllm, got {engine!r}")
+    if engine == "vllm":   # the same prompts and table, decoded inside vLLM
+        from dmtp.serving.vllm_decoder import vllm_decoders
+
+        args = cfg.get("vllm_engine_args")
+        args = OmegaConf.to_container(args, resolve=True) if OmegaConf.is_config(args) else dict(args or {})
+        decoders = vllm_decoders(methods, named, target_path, [eos], drafter, drafter_dir, variant, args,
+                                 str(dtype).replace("torch.", ""))
+        methods = []
     for m in methods:
         label = variant if m == "drafter" else m
         proposer = build_proposer(m, target, mtp=drafter_mtp if m == "drafter" else mtp, drafter=drafter,
@@ -127,6 +138,10 @@ def compare_methods(cfg, named: set[str] | None = None) -> dict:
         "compiled": bool(first and first.compiled), "compile_s": {name: d.compile_s for name, d in decoders.items()},
         "attention": getattr(first.runner, "attention", None) if first else None,
     }
+    metrics["run"]["engine"] = engine
+    for d in decoders.values():   # an engine with processes of its own (vLLM): stop them now
+        if hasattr(d, "close"):
+            d.close()
     metrics["config"] = OmegaConf.to_container(cfg, resolve=False)
     text = report(metrics)
     print(text)

@@ -44,6 +44,17 @@ _DRAFTER_PREFIXES = ("fc.", "hidden_norm.", "norm.", "layers.", "candidate_selec
 # keeps them in nn.Embedding modules, so its `save_pretrained` writes them with a `.weight` suffix.
 _ALIASES = {f"candidate_selector.{n}_codebook.weight": f"candidate_selector.{n}_codebook" for n in ("predecessor", "successor")}
 DFLASH_ARCH, DFLASH2_ARCH = "DFlashDraftModel", "DFlash2DraftModel"
+# A DMTP export (the backbone fed by an injection that needs the target's MTP) is a different model:
+# it is named apart, so no engine runs it as the published drafter it is not (vLLM would refuse its
+# `dmtp_injection.*` tensors; a laxer loader would run it silently as raw DFlash). Its backbone's
+# published name follows from this map; the tensors under the published names are unchanged.
+DMTP_ARCHITECTURES = {DFLASH_ARCH: "DMTPDraftModel", DFLASH2_ARCH: "DMTPDFlash2DraftModel"}
+_BACKBONE_OF = {dmtp: published for published, dmtp in DMTP_ARCHITECTURES.items()}
+
+
+def backbone_architecture(name: str) -> str:
+    """The published backbone architecture of a config.json `architectures` entry (itself for those)."""
+    return _BACKBONE_OF.get(name, name)
 _DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 # DFlash2 training options (dmtp's own; written under dflash_config, absent from published configs).
 _SELECTOR_TRAINING_DEFAULTS = {"selector_alpha": 1.0, "selector_warmup_steps": 0, "selector_ramp_steps": 0,
@@ -211,7 +222,7 @@ class DFlashConfig:
         if mask_id is None:
             raise ValueError("config has no mask_token_id (top level or dflash_config)")
         dflash2 = {}
-        if DFLASH2_ARCH in (d.get("architectures") or []):
+        if DFLASH2_ARCH in [backbone_architecture(a) for a in d.get("architectures") or []]:
             missing = [k for k in _DFLASH2_KEYS if pick(k) is None]
             if missing:
                 raise ValueError(f"{DFLASH2_ARCH} config lacks dflash_config.{missing[0]}")
@@ -414,9 +425,11 @@ def build_drafter_from_config(config: DFlashConfig) -> DFlashDrafter:
 
 
 def save_drafter(path, drafter: DFlashDrafter, extra_tensors: dict[str, torch.Tensor] | None = None,
-                 extra_config: dict | None = None) -> None:
+                 extra_config: dict | None = None, dmtp_architecture: bool = False) -> None:
     """Writes `config.json` (published layout; `extra_config` under "dmtp") and `model.safetensors`
-    (drafter tensors under their published names, `extra_tensors` under their own keys)."""
+    (drafter tensors under their published names, `extra_tensors` under their own keys).
+    `dmtp_architecture`: name the export by its DMTP architecture (`DMTP_ARCHITECTURES`), not the
+    backbone's published one."""
     extra_tensors = extra_tensors or {}
     bad = [k for k in extra_tensors if k.startswith(_DRAFTER_PREFIXES)]
     if bad:
@@ -426,6 +439,8 @@ def save_drafter(path, drafter: DFlashDrafter, extra_tensors: dict[str, torch.Te
     require_finite(tensors, f"refusing to export the drafter to {path}")
     os.makedirs(path, exist_ok=True)
     cfg = drafter.config.to_hf_config()
+    if dmtp_architecture:
+        cfg["architectures"] = [DMTP_ARCHITECTURES[drafter.config.architecture]]
     if extra_config is not None:
         cfg["dmtp"] = extra_config
     # Each file replaced whole (a kill leaves the previous export's file); the weights first, so that a
@@ -446,7 +461,7 @@ def read_drafter_config(path) -> dict:
 
 def load_drafter(path, dtype: torch.dtype = torch.float32):
     """Returns (drafter, extra_tensors, extra_config). config.json's `architectures` picks the class
-    (DFlashDraftModel or DFlash2DraftModel; anything else loads as DFlash v1). Strict on drafter tensors:
+    (DFlashDraftModel or DFlash2DraftModel, or their DMTP names; anything else loads as DFlash v1). Strict on drafter tensors:
     a missing, unexpected (under fc./hidden_norm./norm./layers./candidate_selector.) or mis-shaped tensor
     raises ValueError. Other keys are extras. Checkpoints written by the reference package's classes load
     too (their codebook names carry `.weight`)."""
@@ -496,6 +511,7 @@ def load_drafter(path, dtype: torch.dtype = torch.float32):
 
 
 __all__ = ["BLOCK_SIZE_RANGE", "require_block_size",
-           "DFlashConfig", "DFlashDrafter", "DFlashLayer", "DFLASH_ARCH", "DFLASH2_ARCH", "build_target_layer_ids",
+           "DFlashConfig", "DFlashDrafter", "DFlashLayer", "DFLASH_ARCH", "DFLASH2_ARCH", "DMTP_ARCHITECTURES",
+           "backbone_architecture", "build_target_layer_ids",
            "dflash_attention_mask", "DRAFTER_CLASSES", "register_drafter", "drafter_class", "build_drafter_from_config", "save_drafter", "load_drafter",
            "read_drafter_config"]

@@ -9,7 +9,8 @@ Layouts (see shared/reference/mtp.md):
   the duplicated embed_tokens / shared_head.head are skipped (the target's are shared).
 
 Only the MTP's tensors are read, lazily per key, from `model.safetensors` or the shards named by
-`model.safetensors.index.json`. Every MTP parameter must be present with the right shape and every
+`model.safetensors.index.json`, or from the checkpoint's own `mtp.safetensors` beside them (the
+embedded targets: the MTP kept apart from the causal LM, which engines such as vLLM then load as is). Every MTP parameter must be present with the right shape and every
 MTP tensor in the checkpoint must be consumed; anything else is a one-line error naming the tensor.
 
 A jointly trained MTP (model.train_mtp) is saved beside its drafter as `mtp.safetensors`, under the
@@ -35,7 +36,13 @@ from dmtp.models.mtp_errors import MTPLoadError
 from dmtp.models.rope_config import rope_theta
 from dmtp.models.safe_weights import require_finite, unreadable
 
-TUNED_MTP_NAME = "mtp.safetensors"   # a jointly trained MTP, beside its drafter's model.safetensors
+# An MTP's tensors in a file of their own, under the target checkpoint's names (`mtp.*`, ...): in a
+# target directory, its native MTP kept apart from the causal LM's weights and unlisted by
+# model.safetensors.index.json, so that engines loading the causal LM alone (vLLM's dense Qwen3,
+# transformers) never see it (the embedded targets are written so); beside a drafter, the MTP tuned
+# with it (model.train_mtp).
+MTP_FILE_NAME = "mtp.safetensors"
+TUNED_MTP_NAME = MTP_FILE_NAME
 
 
 @dataclass(frozen=True)
@@ -81,7 +88,8 @@ def num_mtp_layers(cfg: dict) -> int:
 
 
 class CheckpointIndex:
-    """Key -> file map of a safetensors checkpoint (single file or sharded), read lazily."""
+    """Key -> file map of a safetensors checkpoint (single file or sharded), read lazily, plus the
+    checkpoint's own `mtp.safetensors` when its index does not list it (`mtp_only_keys`)."""
 
     def __init__(self, path: str | Path):
         self.root = Path(path)
@@ -96,6 +104,24 @@ class CheckpointIndex:
                 self.files = {k: single for k in f.keys()}
         else:
             raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {self.root}")
+        self.mtp_only_keys = self._add_mtp_file()
+
+    def _add_mtp_file(self) -> set[str]:
+        """The MTP kept apart from the causal LM's weights (the embedded targets; see MTP_FILE_NAME):
+        its keys join the map; a key stored in both places is an error (which one would be meant?)."""
+        mtp_file = self.root / MTP_FILE_NAME
+        if not mtp_file.is_file() or mtp_file in set(self.files.values()):
+            return set()
+        try:
+            with safe_open(str(mtp_file), "pt") as f:
+                keys = set(f.keys())
+        except SafetensorError as e:
+            raise unreadable(mtp_file, e) from None
+        both = sorted(keys & set(self.files))
+        if both:
+            raise MTPLoadError(f"tensor {both[0]} is stored both in {mtp_file} and in {self.root}'s model weights")
+        self.files.update({k: mtp_file for k in keys})
+        return keys
 
     def keys(self) -> list[str]:
         return list(self.files)
@@ -171,6 +197,10 @@ def _checkpoint_mtp(root: Path):
     cfg = text_config(config)
     index = CheckpointIndex(root)
     layout, names = mtp_tensor_names(index.keys(), cfg)
+    stray = sorted(index.mtp_only_keys - set(names))
+    if stray:   # read strictly: the MTP's own file holds the MTP's tensors and nothing else
+        raise MTPLoadError(f"{root / MTP_FILE_NAME} holds tensor {stray[0]}, which is not one of the checkpoint's "
+                           f"MTP tensors ({len(stray)} such in all)")
     return config, cfg, index, layout, names
 
 

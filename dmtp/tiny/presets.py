@@ -1,4 +1,5 @@
-"""Sizes of the embedded targets. `tiny` is the default; `micro` is for tests (built in seconds).
+"""Sizes of the embedded targets. `tiny` is the default; `micro` is for tests (built in seconds),
+`micro_vllm` its twin that vLLM's CPU build can serve (head_dim 32).
 `tiny_hybrid` / `micro_hybrid` are the same recipe on the Qwen3.5 text architecture (gated-DeltaNet
 and gated full-attention layers, 3:1), the architecture DMTP is for.
 
@@ -16,6 +17,9 @@ class TinyPreset:
     # A class attribute, not a field: the cache directory is named after the fields (build.py), and a
     # new field would rename, i.e. rebuild, every target already built.
     architecture: ClassVar[str] = "qwen3"
+    # The native MTP in its own mtp.safetensors, beside the causal LM's weights (no real dense Qwen3 ships
+    # an MTP; engines that load the causal LM alone, vLLM's dense Qwen3 included, then load the target as is).
+    mtp_apart: ClassVar[bool] = True
 
     name: str
     vocab_size: int
@@ -43,6 +47,8 @@ class HybridPreset(TinyPreset):
     1 full-attention layers, gated attention, partial rotary, x*(1+w) norms) at these sizes."""
 
     architecture: ClassVar[str] = "qwen3_5_text"
+    # As the Qwen3.5 releases: `mtp.*` among the model's own weights, where vLLM's Qwen3.5 expects them.
+    mtp_apart: ClassVar[bool] = False
 
     # Gated-DeltaNet heads in Qwen3.5's proportions: twice as many value heads as key heads, keys
     # half the width, values the whole width (Qwen3.5-9B: 16 x 128 keys, 32 x 128 values at 4096).
@@ -56,6 +62,11 @@ PRESETS = {
     "micro": TinyPreset(name="micro", vocab_size=512, hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
                         head_dim=16, intermediate_size=192, seq_len=128, batch_size=8, steps=250, lr=4e-3,
                         warmup_steps=20, tokenizer_chars=400_000, docs_per_domain=100),
+    # `micro` with head_dim 32, the smallest attention head vLLM's CPU build runs (its attention kernels
+    # take 32, 64, 80, ...; micro's 16 is refused): the target the vLLM interop tests serve (tests/vllm_interop).
+    "micro_vllm": TinyPreset(name="micro_vllm", vocab_size=512, hidden_size=64, num_layers=4, num_heads=2,
+                             num_kv_heads=1, head_dim=32, intermediate_size=192, seq_len=128, batch_size=8,
+                             steps=250, lr=4e-3, warmup_steps=20, tokenizer_chars=400_000, docs_per_domain=100),
     # Narrow and deep. At a CPU budget of ten minutes the compute-optimal model is far smaller than
     # the data allows: measured at about equal build time, width 64 (0.7M parameters, 4.5M tokens) beat
     # width 96 (1.3M, 2.0M tokens), which beat width 128 (2.1M, 1.8M tokens), on every held-out

@@ -2,7 +2,13 @@
 (the command is `python -m dmtp.tiny.build`).
 
 The result is a normal Hugging Face checkpoint directory: config.json (with mtp_num_hidden_layers),
-model.safetensors (target tensors plus `mtp.*`), tokenizer files and build_report.json.
+the weights, tokenizer files and build_report.json. The native MTP is stored under `mtp.*` (Qwen3.5
+naming) where the preset says (`mtp_apart`):
+- dense Qwen3 (`tiny`, `micro`, `micro_vllm`): model.safetensors holds the causal LM alone, listed by
+  model.safetensors.index.json, and mtp.safetensors the MTP: engines that load the causal LM alone
+  (transformers; vLLM, which reads only the files an index lists) load the directory as is;
+- Qwen3.5 (`*_hybrid`): one model.safetensors with both, as the Qwen3.5 releases.
+dmtp's MTP loader reads either strictly.
 """
 from __future__ import annotations
 
@@ -21,6 +27,8 @@ from dmtp.atomic_io import (publish_directory, remove_stale_temporaries, save_sa
                             write_json)
 from dmtp.data.corpora import DOMAINS, texts
 from dmtp.models.mtp import NativeMTP
+from dmtp.models.mtp_loading import MTP_FILE_NAME
+from dmtp.models.safe_weights import SAFE_WEIGHTS_NAMES
 from dmtp.paths import targets_dir
 from dmtp.tiny.architectures import build_model
 from dmtp.tiny.presets import TinyPreset, get_preset
@@ -28,11 +36,15 @@ from dmtp.tiny.pretrain import DomainStreams, evaluate, pretrain
 from dmtp.tiny.tokenizer import train_tokenizer
 
 BUILD_VERSION = 1
+WEIGHTS_NAME, WEIGHTS_INDEX_NAME = SAFE_WEIGHTS_NAMES
 
 
 def default_target_dir(preset: str) -> Path:
     """Cache directory named after the preset's content, so a changed preset never reuses a stale build."""
-    digest = hashlib.sha1(f"{BUILD_VERSION}{asdict(get_preset(preset))}".encode()).hexdigest()[:8]
+    spec = get_preset(preset)
+    # The on-disk layout is part of the key: targets built before the MTP moved to its own file rebuild.
+    layout = "mtp-apart" if spec.mtp_apart else ""
+    digest = hashlib.sha1(f"{BUILD_VERSION}{asdict(spec)}{layout}".encode()).hexdigest()[:8]
     return targets_dir() / f"{preset}-{digest}"
 
 
@@ -98,7 +110,7 @@ def build_tiny_target(preset_name: str, out_dir: str | Path, progress: bool = Tr
                   "parameters": sum(p.numel() for p in model.parameters()),
                   "mtp_parameters": sum(p.numel() for p in mtp.parameters()),
                   **stats, "heldout": evaluate(model, mtp, val_streams, preset.seq_len)}
-        save_target(model, mtp, staging)
+        save_target(model, mtp, staging, preset.mtp_apart)
         report["build_seconds"] = round(time.perf_counter() - started, 1)
         write_json(staging / "build_report.json", report)
         if not (keep_existing and (out_dir / "build_report.json").exists()):
@@ -114,12 +126,23 @@ def build_tiny_target(preset_name: str, out_dir: str | Path, progress: bool = Tr
     return out_dir
 
 
-def save_target(model: PreTrainedModel, mtp: NativeMTP, out_dir: Path) -> None:
-    """One model.safetensors with the target's tensors and the MTP's under `mtp.*` (Qwen3.5 naming), and
-    config.json with the MTP keys the Qwen3.5 releases carry."""
+def save_target(model: PreTrainedModel, mtp: NativeMTP, out_dir: Path, mtp_apart: bool) -> None:
+    """The causal LM's tensors in model.safetensors and the MTP's under `mtp.*` (Qwen3.5 naming): in
+    mtp.safetensors with an index listing model.safetensors alone when `mtp_apart`, else beside them;
+    config.json with the MTP keys the Qwen3.5 releases carry.
+
+    The index is what keeps the MTP apart: without one, vLLM loads every `*.safetensors` in the
+    directory, and its dense Qwen3 refuses tensors it has no module for."""
     tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    tensors.update({f"mtp.{k}": v.detach().contiguous() for k, v in mtp.state_dict().items()})
-    save_safetensors(out_dir / "model.safetensors", tensors, metadata={"format": "pt"})
+    mtp_tensors = {f"mtp.{k}": v.detach().contiguous() for k, v in mtp.state_dict().items()}
+    if mtp_apart:
+        save_safetensors(out_dir / MTP_FILE_NAME, mtp_tensors, metadata={"format": "pt"})
+        index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
+                 "weight_map": {k: WEIGHTS_NAME for k in sorted(tensors)}}
+        write_json(out_dir / WEIGHTS_INDEX_NAME, index)
+    else:
+        tensors.update(mtp_tensors)
+    save_safetensors(out_dir / WEIGHTS_NAME, tensors, metadata={"format": "pt"})
     config = model.config.to_dict()
     config.update(architectures=[type(model).__name__], mtp_num_hidden_layers=1, mtp_use_dedicated_embeddings=False,
                   dtype="float32")

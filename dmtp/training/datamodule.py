@@ -13,6 +13,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, Dataset
 
 from dmtp.cli import reason
@@ -111,7 +112,8 @@ class DraftDataModule(L.LightningDataModule):
                  hf_config: str | None = None, text_key: str = "text", seq_len: int = 256, batch_size: int = 8,
                  max_examples: int | None = None, regenerate: bool = False, regen_prompt_len: int = 64,
                  regen_new_tokens: int = 192, regen_sequences: int = 512, regen_temperature: float = 0.0,
-                 regen_top_k: int = 0, regen_top_p: float = 1.0, regen_batch_size: int = 64, val_domains=DOMAINS, val_prompts: int = 8, val_prompt_len: int = 48,
+                 regen_top_k: int = 0, regen_top_p: float = 1.0, regen_batch_size: int = 64, regen_engine: str = "dmtp",
+                 vllm_engine_args=None, val_domains=DOMAINS, val_prompts: int = 8, val_prompt_len: int = 48,
                  val_new_tokens: int = 72, num_workers: int = 0, seed: int = 0):
         super().__init__()
         if source not in ("embedded", "files", "hf"):
@@ -132,6 +134,10 @@ class DraftDataModule(L.LightningDataModule):
         self.regen_prompt_len, self.regen_new_tokens, self.regen_sequences = regen_prompt_len, regen_new_tokens, regen_sequences
         self.regen_temperature, self.regen_top_k, self.regen_top_p = regen_temperature, regen_top_k, regen_top_p
         self.regen_batch_size = regen_batch_size
+        # Which engine writes the training responses (dmtp.data.regenerate.REGEN_ENGINES) and vLLM's own options.
+        self.regen_engine = regen_engine
+        self.vllm_engine_args = (OmegaConf.to_container(vllm_engine_args, resolve=True) if OmegaConf.is_config(vllm_engine_args)
+                                 else dict(vllm_engine_args or {}))
         self.val_domains, self.val_prompts = list(val_domains), val_prompts
         self.val_prompt_len, self.val_new_tokens = val_prompt_len, val_new_tokens
         self.num_workers, self.seed = num_workers, seed
@@ -167,7 +173,8 @@ class DraftDataModule(L.LightningDataModule):
         # No shuffle here: the sampler shuffles rows per seed, and a fixed prompt order lets every seed
         # (and every variant) share one cached regeneration.
         settings = RegenSettings(new_tokens=new, temperature=self.regen_temperature, top_k=self.regen_top_k,
-                                 top_p=self.regen_top_p, seed=self.seed, batch_size=self.regen_batch_size)
+                                 top_p=self.regen_top_p, seed=self.seed, batch_size=self.regen_batch_size,
+                                 engine=self.regen_engine, engine_args=self.vllm_engine_args)
         conts = regenerate(self.target, prompts, settings, eos_token_id=self.eos)
         rows = []
         for prompt, cont in zip(prompts, conts):

@@ -1,0 +1,40 @@
+"""vLLM interop tests: run inside .venv-vllm (`bash tools/vllm_env.sh && .venv-vllm/bin/python -m pytest -q
+tests/vllm_interop`); each module skips with one line where vLLM is not importable (the main suite).
+
+vLLM runs in this process (no engine-core subprocess: faster start, no spawn of the test runner),
+offline, with a 1 GiB KV cache: the served target is the micro_vllm embedded one (head_dim 32, the
+smallest vLLM's CPU attention takes)."""
+from __future__ import annotations
+
+import pytest
+
+import tests.vllm_interop.common  # noqa: F401  (the environment vLLM reads, set before it is imported)
+
+
+@pytest.fixture(scope="session")
+def vllm_target_dir():
+    from dmtp.tiny.targets import ensure_tiny_target
+
+    return ensure_tiny_target("micro_vllm", progress=False)
+
+
+@pytest.fixture(scope="session")
+def vllm_target(vllm_target_dir):
+    from dmtp.models.target import TargetModel
+
+    return TargetModel.from_pretrained(vllm_target_dir)
+
+
+@pytest.fixture(scope="session")
+def vllm_tokenizer(vllm_target_dir):
+    from dmtp.models.target import load_tokenizer
+
+    return load_tokenizer(vllm_target_dir)
+
+
+@pytest.fixture(scope="session")
+def interop_prompts(vllm_tokenizer):
+    """8 held-out prompts of 32 tokens, half code, half math."""
+    from dmtp.data.prompts import held_out_prompts
+
+    return [p for domain in ("code", "math") for p in held_out_prompts(vllm_tokenizer, domain, "validation", 4, 32)]

@@ -1,0 +1,138 @@
+"""dmtp's exports served unchanged by vLLM (method `dflash`): the target's greedy tokens, and vLLM's
+per-position acceptance counters equal to dmtp's own loop on the same prompts and weights.
+
+The raw DFlash drafter is trained here for a few dozen steps on the micro_vllm target's own responses,
+so that acceptance is far from zero and the comparison means something. Counting: vLLM's
+`num_drafts` is dmtp's number of verification rounds and `num_accepted_tokens_per_pos[k]` the rounds
+that accepted more than k candidates, both before the EOS / budget cut (dmtp's `accepted_raw`), since
+vLLM's scheduler counts a round's accepted drafts before it checks the stop conditions.
+"""
+from __future__ import annotations
+
+import pytest
+
+from tests.vllm_interop.common import ENGINE_ARGS, NEW_TOKENS, SKIP_REASON
+
+pytest.importorskip("vllm", reason=SKIP_REASON)
+
+from dmtp.block_drafter import build_block_drafter, fresh_drafter_for, load_block_drafter  # noqa: E402
+from dmtp.configs import compose_config, compose_train  # noqa: E402
+from dmtp.decode import SpecDecoder, build_proposer  # noqa: E402
+from dmtp.serving.vllm_engine import (generate, generate_tokens, make_llm, sampling_params, shutdown,  # noqa: E402
+                                      spec_decode_counts)
+from dmtp.serving.vllm_decoder import committed_accepted  # noqa: E402
+from dmtp.training.job import train  # noqa: E402
+
+K = 7   # candidates per round in dmtp; vLLM's num_speculative_tokens (its block is 1 + K)
+
+
+def _spec(drafter_dir) -> dict:
+    return {"method": "dflash", "model": str(drafter_dir), "num_speculative_tokens": K}
+
+
+@pytest.fixture(scope="module")
+def raw_drafter_dir(tmp_path_factory, vllm_target_dir):
+    """A one-layer raw DFlash drafter trained 40 steps on the target's own greedy responses."""
+    run = tmp_path_factory.mktemp("raw_dflash") / "run"
+    cfg = compose_train(["target=micro_vllm", "injection=raw_dflash", "trainer.max_steps=40",
+                         "trainer.val_check_interval=1000", "model.val_walk=false", "trainer.enable_progress_bar=false",
+                         "data.regen_sequences=96", "data.regen_new_tokens=64", "data.seq_len=96"], output_dir=run)
+    return train(cfg)["drafter"]
+
+
+@pytest.fixture(scope="module")
+def dmtp_run(vllm_target, vllm_tokenizer, interop_prompts, raw_drafter_dir):
+    """dmtp's own loop on the prompts: the target alone (AR) and with the drafter."""
+    drafter, _ = load_block_drafter(raw_drafter_dir)
+    eos = vllm_tokenizer.eos_token_id
+    ar = SpecDecoder(vllm_target, build_proposer("ar", vllm_target), eos_token_id=eos)
+    spec = SpecDecoder(vllm_target, build_proposer("drafter", vllm_target, drafter=drafter), eos_token_id=eos)
+    return (ar.generate(interop_prompts, max_new_tokens=NEW_TOKENS, batch_size=8),
+            spec.generate(interop_prompts, max_new_tokens=NEW_TOKENS, batch_size=8))
+
+
+@pytest.fixture(scope="module")
+def served_raw(vllm_target_dir, vllm_tokenizer, interop_prompts, raw_drafter_dir):
+    """vLLM serving the target with the raw DFlash export: (tokens, accepted per request and round,
+    drafts, accepted per position)."""
+    llm = make_llm(vllm_target_dir, ENGINE_ARGS, speculative_config=_spec(raw_drafter_dir))
+    try:
+        tokens, rounds = generate(llm, interop_prompts, sampling_params(NEW_TOKENS, [vllm_tokenizer.eos_token_id]))
+        yield (tokens, rounds, *spec_decode_counts(llm))
+    finally:
+        shutdown(llm)
+
+
+def _per_position(accepted: list[list[int]]) -> list[int]:
+    return [sum(a > k for rounds in accepted for a in rounds) for k in range(K)]
+
+
+def test_raw_dflash_export_served_by_vllm_gives_the_targets_greedy_tokens(dmtp_run, served_raw):
+    ar, spec = dmtp_run
+    tokens, *_ = served_raw
+    assert spec.tokens == ar.tokens
+    assert tokens == ar.tokens
+
+
+def test_vllm_acceptance_per_position_equals_dmtps_loop(dmtp_run, served_raw):
+    _, spec = dmtp_run
+    _, rounds, drafts, per_pos = served_raw
+    ours = _per_position(spec.accepted_raw)
+    assert rounds == spec.accepted_raw            # every request, every round
+    assert drafts == sum(len(r) for r in spec.accepted_raw)
+    assert per_pos == ours, (per_pos, ours)
+    assert ours[0] >= 0.05 * drafts and ours[K - 1] > 0     # a drafter that is accepted, deep into the block
+    # dmtp's counts after the budget cut follow from the raw ones and the output length
+    assert [committed_accepted(len(t), r) for t, r in zip(spec.tokens, spec.accepted_raw)] == spec.accepted
+    assert spec.accepted != spec.accepted_raw                # the budget did cut some last rounds
+
+
+def test_infer_engine_vllm_prints_dmtps_acceptance(vllm_target_dir, raw_drafter_dir, tmp_path, capsys):
+    """`python -m dmtp.infer engine=vllm`: the same prompts and table, decoded inside vLLM; greedy, every
+    acceptance figure equals dmtp's own loop (speed columns are vLLM's and are not compared)."""
+    from dmtp.decode.compare import compare_methods
+
+    def run(engine):
+        cfg = compose_config("infer", [f"engine={engine}", f"target.path={vllm_target_dir}", f"drafter.path={raw_drafter_dir}",
+                                       "methods=[ar,drafter]", "num_prompts=2", "max_new_tokens=32", "batch_size=2",
+                                       "progress=false", "eval.domains=[code,math]",
+                                       "vllm_engine_args={enforce_eager: true, max_model_len: 512}",
+                                       f"output_dir={tmp_path / engine}"])
+        return compare_methods(cfg)
+
+    ours, theirs = run("dmtp"), run("vllm")
+    assert theirs["run"]["engine"] == "vllm" and "acceptance length (tau)" in capsys.readouterr().out
+    keys = ("tau_per_request", "tau_per_verify", "t1_accept", "p_len_ge", "matches_ar")
+    for wl in ("code", "math"):
+        for method in ("ar", "raw_dflash"):
+            mine, vllms = ours["workloads"][wl][method], theirs["workloads"][wl][method]
+            assert {k: mine.get(k) for k in keys} == {k: vllms.get(k) for k in keys}, (wl, method)
+            assert vllms["matches_ar"] == 1.0
+
+
+def test_dflash2_export_in_vllm(vllm_target, vllm_target_dir, vllm_tokenizer, interop_prompts, dmtp_run, tmp_path):
+    """vLLM knows the export as DFlash2 (its candidate-head drafter). Its CPU build runs the V1 model
+    runner, which refuses candidate-head drafts rather than degrading them to DFlash v1 (asserted here);
+    the V2 runner (Triton, i.e. GPU) serves them, and there the target's greedy tokens come out."""
+    from vllm.platforms import current_platform
+
+    drafter = build_block_drafter(vllm_target, "raw_dflash", vllm_target.config.vocab_size - 1, num_target_features=1,
+                                  architecture="dflash2", selector_rank=8, selector_top_k=4).eval()
+    drafter.save(tmp_path / "dflash2")
+    if current_platform.is_cpu():
+        with pytest.raises(Exception, match="Model Runner V1 does not support: DFlash candidate-head drafts"):
+            make_llm(vllm_target_dir, ENGINE_ARGS, speculative_config=_spec(tmp_path / "dflash2"))
+        return
+    llm = make_llm(vllm_target_dir, ENGINE_ARGS, speculative_config=_spec(tmp_path / "dflash2"))
+    try:
+        tokens = generate_tokens(llm, interop_prompts, sampling_params(NEW_TOKENS, [vllm_tokenizer.eos_token_id]))
+    finally:
+        shutdown(llm)
+    assert tokens == dmtp_run[0].tokens
+
+
+def test_a_dmtp_export_is_not_taken_for_raw_dflash(vllm_target, vllm_target_dir, tmp_path):
+    """A DMTP export names its own architecture: vLLM's DFlash path does not take it as raw DFlash."""
+    fresh_drafter_for(vllm_target, "dual_anchor_zero_init", vllm_target.config.vocab_size - 1).save(tmp_path / "dmtp")
+    with pytest.raises(Exception, match=r"Model architectures \['DMTPDraftModel'\] are not supported"):
+        make_llm(vllm_target_dir, ENGINE_ARGS, speculative_config=_spec(tmp_path / "dmtp"))
