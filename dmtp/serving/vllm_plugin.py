@@ -14,8 +14,9 @@ DMTP_MODEL = "dmtp.serving.vllm_plugin_model:DMTPDraftModelForVLLM"
 
 
 def _choose_proposer(cls, vllm_config, *args, **kwargs):
-    from dmtp.serving.vllm_plugin_proposer import DMTPProposer, is_dmtp_drafter
     from vllm.v1.spec_decode.dflash import DFlashProposer
+
+    from dmtp.serving.vllm_plugin_proposer import DMTPProposer, is_dmtp_drafter
 
     if cls is DFlashProposer and is_dmtp_drafter(vllm_config):
         cls = DMTPProposer

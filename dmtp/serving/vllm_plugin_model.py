@@ -83,10 +83,10 @@ class DMTPDraftModelForVLLM(DFlashQwen3ForCausalLM):
 
     # The target's embedding and head, looked up when called: vLLM replaces the drafter's own
     # embed_tokens / lm_head with the target's after loading (the export ships neither).
-    def target_embed(self) -> "_LateBound":
+    def target_embed(self) -> _LateBound:
         return _LateBound(lambda ids: self.model.embed_tokens(ids), lambda: self.model.embed_tokens.weight)
 
-    def target_head(self) -> "_LateBound":
+    def target_head(self) -> _LateBound:
         return _LateBound(lambda hidden: F.linear(hidden, self.lm_head.weight), lambda: self.lm_head.weight)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]):

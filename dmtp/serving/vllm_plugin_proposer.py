@@ -127,4 +127,4 @@ class DMTPProposer(DFlashProposer):
         return kwargs, size
 
 
-__all__ = ["DMTPProposer", "DMTP_ARCHITECTURE", "SERVED_ARCHITECTURE", "is_dmtp_drafter"]
+__all__ = ["DMTP_ARCHITECTURE", "SERVED_ARCHITECTURE", "DMTPProposer", "is_dmtp_drafter"]
