@@ -15,7 +15,7 @@ from tests.vllm_interop.common import ENGINE_ARGS, NEW_TOKENS, SKIP_REASON
 
 pytest.importorskip("vllm", reason=SKIP_REASON)
 
-from dmtp.block_drafter import build_block_drafter, fresh_drafter_for, load_block_drafter  # noqa: E402
+from dmtp.block_drafter import build_block_drafter, load_block_drafter  # noqa: E402
 from dmtp.configs import compose_train  # noqa: E402
 from dmtp.decode import SpecDecoder, build_proposer  # noqa: E402
 from dmtp.serving.vllm_engine import generate_tokens, make_llm, sampling_params, shutdown, spec_decode_counts  # noqa: E402
@@ -100,9 +100,3 @@ def test_dflash2_export_in_vllm(vllm_target, vllm_target_dir, vllm_tokenizer, in
         shutdown(llm)
     assert tokens == dmtp_run[0].tokens
 
-
-def test_a_dmtp_export_is_not_taken_for_raw_dflash(vllm_target, vllm_target_dir, tmp_path):
-    """A DMTP export names its own architecture: vLLM's DFlash path does not take it as raw DFlash."""
-    fresh_drafter_for(vllm_target, "dual_anchor_zero_init", vllm_target.config.vocab_size - 1).save(tmp_path / "dmtp")
-    with pytest.raises(Exception, match=r"Model architectures \['DMTPDraftModel'\] are not supported"):
-        make_llm(vllm_target_dir, ENGINE_ARGS, speculative_config=_spec(tmp_path / "dmtp"))
