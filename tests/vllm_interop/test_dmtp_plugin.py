@@ -14,7 +14,7 @@ from tests.vllm_interop.common import ENGINE_ARGS, NEW_TOKENS, SKIP_REASON
 
 pytest.importorskip("vllm", reason=SKIP_REASON)
 
-from dmtp.block_drafter import load_block_drafter  # noqa: E402
+from dmtp.block_drafter import fresh_drafter_for, load_block_drafter  # noqa: E402
 from dmtp.configs import compose_train  # noqa: E402
 from dmtp.decode import SpecDecoder, build_proposer  # noqa: E402
 from dmtp.models.mtp_loading import load_native_mtp  # noqa: E402
@@ -96,3 +96,11 @@ def test_sampling_runs_through_vllms_rejection_sampler_and_leaves_greedy_unchang
     assert all(0 < len(t) <= NEW_TOKENS and all(0 <= x < vocab for x in t) for t in served["sampled"])
     assert served["sampled"] != ar.tokens
     assert served["greedy_again"] == ar.tokens
+
+
+def test_a_variant_vllms_block_cannot_host_is_refused_with_the_reason(vllm_target, vllm_target_dir, tmp_path):
+    """fusion_t1's block starts at T1 ([T1+D, MASK x6] after A): never served as another layout."""
+    fresh_drafter_for(vllm_target, "fusion_t1", vllm_target.config.vocab_size - 1).save(tmp_path / "fusion_t1")
+    spec = {"method": "dflash", "model": str(tmp_path / "fusion_t1"), "num_speculative_tokens": K}
+    with pytest.raises(Exception, match=r"\(fusion_t1\) cannot be served by vLLM: its block does not start at the anchor"):
+        make_llm(vllm_target_dir, ENGINE_ARGS, speculative_config=spec)
