@@ -78,13 +78,23 @@ class DMTPProposer(DFlashProposer):
         for r in range(batch):
             s, e = starts[r], starts[r + 1] - int(rejected[r])
             p0 = int(positions[s])
-            row_tokens = torch.cat([tokens[s + 1:e], next_token_ids[r:r + 1].to(tokens.dtype)])
+            last = self._next_token(req_ids[r], p0 + e - s, next_token_ids[r])
+            row_tokens = torch.cat([tokens[s + 1:e].long(), last])
             row_positions = torch.arange(p0 + 1, p0 + 1 + (e - s), device=tokens.device)
-            g = mtp.forward_rows(row_tokens[None].long(), final_hidden[None, s:e], row_positions[None],
+            g = mtp.forward_rows(row_tokens[None], final_hidden[None, s:e], row_positions[None],
                                  self._cache_for(req_ids[r], p0), span=int(row_positions[-1]) + 1)
             out[r] = g[0, -1]
         self._forget_finished()
         return out
+
+    def _next_token(self, req_id: str, position: int, sampled: torch.Tensor) -> torch.Tensor:
+        """[1]: the token at `position`, after this step's last verified one: the anchor vLLM sampled,
+        or, mid-prompt (chunked prefill), the prompt's next token (vLLM's padded batch passes the
+        prompt's last token there, a placeholder for a draft it discards, but this MTP row stays)."""
+        state = self.runner.requests[req_id]
+        if position < state.num_prompt_tokens:
+            return torch.tensor([state.get_token_id(position)], dtype=torch.long, device=sampled.device)
+        return sampled.view(1).long()
 
     def _propose_t1(self, h_mtp, sampling_metadata) -> tuple[torch.Tensor, torch.Tensor | None]:
         logits = self.model.dmtp_mtp.logits(h_mtp)

@@ -102,5 +102,23 @@ def test_a_variant_vllms_block_cannot_host_is_refused_with_the_reason(vllm_targe
     """fusion_t1's block starts at T1 ([T1+D, MASK x6] after A): never served as another layout."""
     fresh_drafter_for(vllm_target, "fusion_t1", vllm_target.config.vocab_size - 1).save(tmp_path / "fusion_t1")
     spec = {"method": "dflash", "model": str(tmp_path / "fusion_t1"), "num_speculative_tokens": K}
-    with pytest.raises(Exception, match=r"\(fusion_t1\) cannot be served by vLLM: its block does not start at the anchor"):
+    refusal = r"\(fusion_t1\) cannot be served by vLLM: its block does not start at the anchor"
+    with pytest.raises(Exception, match=refusal):
         make_llm(vllm_target_dir, ENGINE_ARGS, speculative_config=spec)
+
+
+def test_chunked_prefill_gives_the_same_tokens_and_acceptance(vllm_target_dir, vllm_tokenizer, interop_prompts,
+                                                              dmtp_drafter_dir, dmtp_loop):
+    """Prompts prefilled 8 tokens a step: the MTP rows at chunk ends read the prompt's next token (vLLM
+    passes a placeholder there), so the MTP's state, and acceptance, are the unchunked ones."""
+    spec = {"method": "dflash", "model": str(dmtp_drafter_dir), "num_speculative_tokens": K}
+    llm = make_llm(vllm_target_dir, {**ENGINE_ARGS, "enable_chunked_prefill": True, "long_prefill_token_threshold": 8},
+                   speculative_config=spec)
+    try:
+        tokens = generate_tokens(llm, interop_prompts, sampling_params(NEW_TOKENS, [vllm_tokenizer.eos_token_id]))
+        drafts, per_pos = spec_decode_counts(llm)
+    finally:
+        shutdown(llm)
+    ar, ours = dmtp_loop
+    assert tokens == ar.tokens
+    assert (drafts, per_pos) == (sum(len(r) for r in ours.accepted_raw), _per_position(ours.accepted_raw))
