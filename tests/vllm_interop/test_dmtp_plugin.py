@@ -49,8 +49,10 @@ def dmtp_loop(vllm_target, vllm_target_dir, vllm_tokenizer, interop_prompts, dmt
 @pytest.fixture(scope="module")
 def served(vllm_target_dir, vllm_tokenizer, interop_prompts, dmtp_drafter_dir):
     """vLLM with the DMTP drafter: greedy tokens and counters, then sampled tokens and the counters'
-    growth, then greedy tokens again."""
-    spec = {"method": "dflash", "model": str(dmtp_drafter_dir), "num_speculative_tokens": K}
+    growth, then greedy tokens again. Drafts are sampled (not vLLM's default argmax) when the request
+    samples, so the MTP's T1 goes to the rejection sampler with its own probabilities."""
+    spec = {"method": "dflash", "model": str(dmtp_drafter_dir), "num_speculative_tokens": K,
+            "draft_sample_method": "probabilistic"}
     llm = make_llm(vllm_target_dir, ENGINE_ARGS, speculative_config=spec)
     eos = [vllm_tokenizer.eos_token_id]
     try:
