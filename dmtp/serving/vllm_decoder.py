@@ -20,7 +20,6 @@ from collections.abc import Sequence
 
 from dmtp.serving.vllm_engine import make_llm, sampling_params, shutdown
 
-K = 7   # dmtp's candidates per round: vLLM's num_speculative_tokens (its block is 1 + K)
 
 _live: dict[str, object] = {}   # the one engine alive: {"decoder": VLLMDecoder}
 
@@ -50,10 +49,12 @@ class VLLMDecoder:
     runner = _Runner()
 
     def __init__(self, name: str, target_path: str, eos_ids: Sequence[int], drafter_dir: str | None = None,
-                 engine_args: dict | None = None, dtype: str = "float32"):
+                 engine_args: dict | None = None, dtype: str = "float32", num_candidates: int = 0):
+        """`num_candidates`: the drafter's K (its block_size - 1), vLLM's num_speculative_tokens (vLLM's block
+        is 1 + K; it does not read block_size)."""
         self.name, self.target_path, self.eos_ids = name, str(target_path), list(eos_ids)
         self.drafter_dir, self.engine_args, self.dtype = drafter_dir, dict(engine_args or {}), dtype
-        self.num_candidates = K if drafter_dir is not None else 0
+        self.num_candidates = num_candidates if drafter_dir is not None else 0
         self.llm = None
 
     def _engine(self, batch_size: int):
@@ -62,7 +63,7 @@ class VLLMDecoder:
             if previous is not None:
                 previous.close()
             spec = None if self.drafter_dir is None else {
-                "method": "dflash", "model": str(self.drafter_dir), "num_speculative_tokens": K}
+                "method": "dflash", "model": str(self.drafter_dir), "num_speculative_tokens": self.num_candidates}
             args = {"max_num_seqs": batch_size, "disable_log_stats": False, **self.engine_args}
             self.llm = make_llm(self.target_path, args, speculative_config=spec, dtype=self.dtype)
             _live["decoder"] = self
@@ -104,18 +105,20 @@ def vllm_decoders(methods: Sequence[str], named: set[str], target_path: str, eos
                   dtype: str = "float32") -> dict[str, VLLMDecoder]:
     """{label: decoder} for the methods vLLM runs. A method it cannot run is one error when asked for by
     name, else skipped with one printed line: the native-MTP chains (vLLM has no `mtp` method for a dense
-    target) and drafters that read the MTP (DMTP: no vLLM plug-in yet, docs/vllm_plugin.md)."""
+    target) and DMTP variants the plug-in cannot host (dmtp.serving.vllm_plugin_model.serving_layout_problem;
+    the plug-in serves the others, docs/vllm-plugin.md)."""
     decoders, skipped = {}, []
     for m in methods:
         if m == "ar":
             decoders[m] = VLLMDecoder(m, target_path, eos_ids, engine_args=engine_args, dtype=dtype)
             continue
-        runs = m == "drafter" and drafter is not None and not drafter.needs_mtp
-        if runs:
-            decoders[variant] = VLLMDecoder(variant, target_path, eos_ids, str(drafter_dir), engine_args, dtype)
+        problem = _plugin_problem(drafter) if m == "drafter" and drafter is not None else None
+        if m == "drafter" and drafter is not None and problem is None:
+            decoders[variant] = VLLMDecoder(variant, target_path, eos_ids, str(drafter_dir), engine_args, dtype,
+                                            num_candidates=drafter.num_candidates)
             continue
         what = f"drafter {variant} ({drafter_dir})" if m == "drafter" else m
-        why = ("reads the target's MTP, and dmtp has no vLLM plug-in for that yet" if m == "drafter"
+        why = (f"cannot be served by dmtp's vLLM plug-in: {problem}" if m == "drafter"
                else "is a native-MTP chain, which vLLM does not run on a dense target")
         if m in named:
             raise ValueError(f"engine=vllm cannot decode {what}: it {why}; engine=dmtp decodes it")
@@ -123,6 +126,15 @@ def vllm_decoders(methods: Sequence[str], named: set[str], target_path: str, eos
     if skipped:
         print(f"[dmtp] engine=vllm skips {'; '.join(skipped)}")
     return decoders
+
+
+def _plugin_problem(drafter) -> str | None:
+    """None when vLLM serves this drafter: raw DFlash natively, a DMTP variant through dmtp's plug-in."""
+    if not drafter.needs_mtp:
+        return None
+    from dmtp.serving.vllm_plugin_model import serving_layout_problem
+
+    return serving_layout_problem(drafter.injection, drafter.backbone.config, drafter.num_candidates)
 
 
 __all__ = ["VLLMDecoder", "committed_accepted", "vllm_decoders"]

@@ -130,9 +130,3 @@ def test_dflash2_export_in_vllm(vllm_target, vllm_target_dir, vllm_tokenizer, in
         shutdown(llm)
     assert tokens == dmtp_run[0].tokens
 
-
-def test_a_dmtp_export_is_not_taken_for_raw_dflash(vllm_target, vllm_target_dir, tmp_path):
-    """A DMTP export names its own architecture: vLLM's DFlash path does not take it as raw DFlash."""
-    fresh_drafter_for(vllm_target, "dual_anchor_zero_init", vllm_target.config.vocab_size - 1).save(tmp_path / "dmtp")
-    with pytest.raises(Exception, match=r"Model architectures \['DMTPDraftModel'\] are not supported"):
-        make_llm(vllm_target_dir, ENGINE_ARGS, speculative_config=_spec(tmp_path / "dmtp"))

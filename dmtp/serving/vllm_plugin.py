@@ -1,0 +1,42 @@
+"""dmtp's vLLM plug-in (entry point `vllm.general_plugins: dmtp`, run in every vLLM process).
+
+It registers the DMTP drafter architecture (`DMTPDraftModel`, see `vllm_plugin_model`) and makes
+vLLM's model runner get a `DMTPProposer` (see `vllm_plugin_proposer`) where it builds a
+`DFlashProposer`, only when the configured drafter is a DMTP one. The runner constructs
+`DFlashProposer` by name and checks `isinstance(drafter, DFlashProposer)` elsewhere, so the class
+keeps its name and identity: its constructor picks the subclass (`__new__`), nothing else changes
+and raw DFlash drafters are served exactly as before. Serve with `"method": "dflash"` and the DMTP
+export as the drafter (README, Serving with vLLM).
+"""
+from __future__ import annotations
+
+DMTP_MODEL = "dmtp.serving.vllm_plugin_model:DMTPDraftModelForVLLM"
+
+
+def _choose_proposer(cls, vllm_config, *args, **kwargs):
+    from vllm.v1.spec_decode.dflash import DFlashProposer
+
+    from dmtp.serving.vllm_plugin_proposer import DMTPProposer, is_dmtp_drafter
+
+    if cls is DFlashProposer and is_dmtp_drafter(vllm_config):
+        cls = DMTPProposer
+    return object.__new__(cls)
+
+
+def register() -> None:
+    from vllm import ModelRegistry
+    from vllm.v1.spec_decode.dflash import DFlashProposer
+
+    from dmtp.serving.vllm_plugin_proposer import DMTP_ARCHITECTURE, SERVED_ARCHITECTURE
+
+    # The export's own name (checked when the speculative config is read) and vLLM's DFlash-renamed
+    # one (the class it builds).
+    for name in (DMTP_ARCHITECTURE, SERVED_ARCHITECTURE):
+        if name not in ModelRegistry.get_supported_archs():
+            ModelRegistry.register_model(name, DMTP_MODEL)
+    current = DFlashProposer.__dict__.get("__new__")
+    if getattr(current, "__func__", None) is not _choose_proposer:
+        DFlashProposer.__new__ = staticmethod(_choose_proposer)
+
+
+__all__ = ["register"]

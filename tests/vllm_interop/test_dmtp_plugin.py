@@ -1,0 +1,126 @@
+"""DMTP served by vLLM through dmtp's plug-in (entry point `vllm.general_plugins: dmtp`): the native
+MTP proposes T1, the block drafter the rest with the injection's T1 slot, vLLM's target verifies.
+
+The drafter (dual_anchor_zero_init) is trained here for a few dozen steps on the micro_vllm target's
+own responses, so that both the MTP's candidate and the drafter's are accepted and the per-position
+comparison with dmtp's own loop means something. One engine serves every test of the module: all
+8 prompts at once (continuous batching, batch > 1), then sampled requests, then greedy again.
+"""
+from __future__ import annotations
+
+import pytest
+
+from tests.vllm_interop.common import ENGINE_ARGS, NEW_TOKENS, SKIP_REASON
+
+pytest.importorskip("vllm", reason=SKIP_REASON)
+
+from dmtp.block_drafter import fresh_drafter_for, load_block_drafter  # noqa: E402
+from dmtp.configs import compose_train  # noqa: E402
+from dmtp.decode import SpecDecoder, build_proposer  # noqa: E402
+from dmtp.models.mtp_loading import load_native_mtp  # noqa: E402
+from dmtp.serving.vllm_engine import generate_tokens, make_llm, sampling_params, shutdown, spec_decode_counts  # noqa: E402
+from dmtp.training.job import train  # noqa: E402
+
+K = 7   # candidates per round; vLLM's num_speculative_tokens
+
+
+@pytest.fixture(scope="module")
+def dmtp_drafter_dir(tmp_path_factory, vllm_target_dir):
+    """A one-layer dual_anchor_zero_init drafter trained 40 steps on the target's greedy responses."""
+    run = tmp_path_factory.mktemp("dmtp_plugin") / "run"
+    cfg = compose_train(["target=micro_vllm", "injection=dual_anchor_zero_init", "trainer.max_steps=40",
+                         "trainer.val_check_interval=1000", "model.val_walk=false", "trainer.enable_progress_bar=false",
+                         "data.regen_sequences=96", "data.regen_new_tokens=64", "data.seq_len=96"], output_dir=run)
+    return train(cfg)["drafter"]
+
+
+@pytest.fixture(scope="module")
+def dmtp_loop(vllm_target, vllm_target_dir, vllm_tokenizer, interop_prompts, dmtp_drafter_dir):
+    """dmtp's own loop on the prompts: the target alone (AR) and with the DMTP drafter and the MTP."""
+    drafter, _ = load_block_drafter(dmtp_drafter_dir)
+    mtp = load_native_mtp(vllm_target_dir, vllm_target.embed_tokens, vllm_target.lm_head)
+    eos = vllm_tokenizer.eos_token_id
+    ar = SpecDecoder(vllm_target, build_proposer("ar", vllm_target), eos_token_id=eos)
+    spec = SpecDecoder(vllm_target, build_proposer("drafter", vllm_target, mtp=mtp, drafter=drafter), eos_token_id=eos)
+    return (ar.generate(interop_prompts, max_new_tokens=NEW_TOKENS, batch_size=8),
+            spec.generate(interop_prompts, max_new_tokens=NEW_TOKENS, batch_size=8))
+
+
+@pytest.fixture(scope="module")
+def served(vllm_target_dir, vllm_tokenizer, interop_prompts, dmtp_drafter_dir):
+    """vLLM with the DMTP drafter: greedy tokens and counters, then sampled tokens and the counters'
+    growth, then greedy tokens again. Drafts are sampled (not vLLM's default argmax) when the request
+    samples, so the MTP's T1 goes to the rejection sampler with its own probabilities."""
+    spec = {"method": "dflash", "model": str(dmtp_drafter_dir), "num_speculative_tokens": K,
+            "draft_sample_method": "probabilistic"}
+    llm = make_llm(vllm_target_dir, ENGINE_ARGS, speculative_config=spec)
+    eos = [vllm_tokenizer.eos_token_id]
+    try:
+        greedy = generate_tokens(llm, interop_prompts, sampling_params(NEW_TOKENS, eos))
+        drafts, per_pos = spec_decode_counts(llm)
+        sampled = generate_tokens(llm, interop_prompts, [sampling_params(NEW_TOKENS, eos, temperature=1.0, seed=i)
+                                                         for i in range(len(interop_prompts))])
+        sampled_drafts, sampled_per_pos = spec_decode_counts(llm)
+        greedy_again = generate_tokens(llm, interop_prompts, sampling_params(NEW_TOKENS, eos))
+        yield {"greedy": greedy, "drafts": drafts, "per_pos": per_pos, "sampled": sampled,
+               "sampled_drafts": sampled_drafts - drafts,
+               "sampled_accepted": sum(sampled_per_pos) - sum(per_pos), "greedy_again": greedy_again,
+               "proposer": type(llm.llm_engine.model_executor.driver_worker.worker.model_runner.drafter).__name__}
+    finally:
+        shutdown(llm)
+
+
+def _per_position(accepted: list[list[int]]) -> list[int]:
+    return [sum(a > k for rounds in accepted for a in rounds) for k in range(K)]
+
+
+def test_dmtp_drafter_served_by_vllm_gives_the_targets_greedy_tokens(dmtp_loop, served):
+    ar, spec = dmtp_loop
+    assert served["proposer"] == "DMTPProposer"
+    assert spec.tokens == ar.tokens
+    assert served["greedy"] == ar.tokens
+
+
+def test_vllm_acceptance_per_position_equals_dmtps_loop(dmtp_loop, served):
+    _, spec = dmtp_loop
+    ours = _per_position(spec.accepted_raw)
+    assert served["drafts"] == sum(len(r) for r in spec.accepted_raw)
+    assert served["per_pos"] == ours, (served["per_pos"], ours)
+    # The MTP's T1 and the drafter's candidates after it are both accepted.
+    assert ours[0] >= 0.3 * served["drafts"] and ours[2] > 0
+
+
+def test_sampling_runs_through_vllms_rejection_sampler_and_leaves_greedy_unchanged(dmtp_loop, served,
+                                                                                 vllm_target):
+    ar, _ = dmtp_loop
+    vocab = vllm_target.config.vocab_size
+    assert served["sampled_drafts"] > 0 and served["sampled_accepted"] > 0
+    assert all(0 < len(t) <= NEW_TOKENS and all(0 <= x < vocab for x in t) for t in served["sampled"])
+    assert served["sampled"] != ar.tokens
+    assert served["greedy_again"] == ar.tokens
+
+
+def test_a_variant_vllms_block_cannot_host_is_refused_with_the_reason(vllm_target, vllm_target_dir, tmp_path):
+    """fusion_t1's block starts at T1 ([T1+D, MASK x6] after A): never served as another layout."""
+    fresh_drafter_for(vllm_target, "fusion_t1", vllm_target.config.vocab_size - 1).save(tmp_path / "fusion_t1")
+    spec = {"method": "dflash", "model": str(tmp_path / "fusion_t1"), "num_speculative_tokens": K}
+    refusal = r"\(fusion_t1\) cannot be served by vLLM: its block does not start at the anchor"
+    with pytest.raises(Exception, match=refusal):
+        make_llm(vllm_target_dir, ENGINE_ARGS, speculative_config=spec)
+
+
+def test_chunked_prefill_gives_the_same_tokens_and_acceptance(vllm_target_dir, vllm_tokenizer, interop_prompts,
+                                                              dmtp_drafter_dir, dmtp_loop):
+    """Prompts prefilled 8 tokens a step: the MTP rows at chunk ends read the prompt's next token (vLLM
+    passes a placeholder there), so the MTP's state, and acceptance, are the unchunked ones."""
+    spec = {"method": "dflash", "model": str(dmtp_drafter_dir), "num_speculative_tokens": K}
+    llm = make_llm(vllm_target_dir, {**ENGINE_ARGS, "enable_chunked_prefill": True, "long_prefill_token_threshold": 8},
+                   speculative_config=spec)
+    try:
+        tokens = generate_tokens(llm, interop_prompts, sampling_params(NEW_TOKENS, [vllm_tokenizer.eos_token_id]))
+        drafts, per_pos = spec_decode_counts(llm)
+    finally:
+        shutdown(llm)
+    ar, ours = dmtp_loop
+    assert tokens == ar.tokens
+    assert (drafts, per_pos) == (sum(len(r) for r in ours.accepted_raw), _per_position(ours.accepted_raw))
