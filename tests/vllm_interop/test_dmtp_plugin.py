@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.vllm_interop.common import ENGINE_ARGS, NEW_TOKENS, SKIP_REASON
+from tests.vllm_interop.common import ENGINE_ARGS, NEW_TOKENS, SKIP_REASON, train_interop_drafter
 
 pytest.importorskip("vllm", reason=SKIP_REASON)
 
 from dmtp.block_drafter import fresh_drafter_for, load_block_drafter  # noqa: E402
-from dmtp.configs import compose_train  # noqa: E402
 from dmtp.decode import SpecDecoder, build_proposer  # noqa: E402
 from dmtp.models.mtp_loading import load_native_mtp  # noqa: E402
 from dmtp.serving.vllm_engine import generate_tokens, make_llm, sampling_params, shutdown, spec_decode_counts  # noqa: E402
-from dmtp.training.job import train  # noqa: E402
 
 K = 7   # candidates per round; vLLM's num_speculative_tokens
 
@@ -27,11 +25,7 @@ K = 7   # candidates per round; vLLM's num_speculative_tokens
 @pytest.fixture(scope="module")
 def dmtp_drafter_dir(tmp_path_factory, vllm_target_dir):
     """A one-layer dual_anchor_zero_init drafter trained 40 steps on the target's greedy responses."""
-    run = tmp_path_factory.mktemp("dmtp_plugin") / "run"
-    cfg = compose_train(["target=micro_vllm", "injection=dual_anchor_zero_init", "trainer.max_steps=40",
-                         "trainer.val_check_interval=1000", "model.val_walk=false", "trainer.enable_progress_bar=false",
-                         "data.regen_sequences=96", "data.regen_new_tokens=64", "data.seq_len=96"], output_dir=run)
-    return train(cfg)["drafter"]
+    return train_interop_drafter(tmp_path_factory, "dual_anchor_zero_init")
 
 
 @pytest.fixture(scope="module")

@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import pytest
 
-from tests.vllm_interop.common import ENGINE_ARGS, NEW_TOKENS, SKIP_REASON
+from tests.vllm_interop.common import ENGINE_ARGS, NEW_TOKENS, SKIP_REASON, train_interop_drafter
 
 pytest.importorskip("vllm", reason=SKIP_REASON)
 
-from dmtp.block_drafter import build_block_drafter, fresh_drafter_for, load_block_drafter  # noqa: E402
-from dmtp.configs import compose_config, compose_train  # noqa: E402
+from dmtp.block_drafter import build_block_drafter, load_block_drafter  # noqa: E402
+from dmtp.configs import compose_config  # noqa: E402
 from dmtp.decode import SpecDecoder, build_proposer  # noqa: E402
 from dmtp.serving.vllm_engine import (generate, generate_tokens, make_llm, sampling_params, shutdown,  # noqa: E402
                                       spec_decode_counts)
 from dmtp.serving.vllm_decoder import committed_accepted  # noqa: E402
-from dmtp.training.job import train  # noqa: E402
 
 K = 7   # candidates per round in dmtp; vLLM's num_speculative_tokens (its block is 1 + K)
 
@@ -33,11 +32,7 @@ def _spec(drafter_dir) -> dict:
 @pytest.fixture(scope="module")
 def raw_drafter_dir(tmp_path_factory, vllm_target_dir):
     """A one-layer raw DFlash drafter trained 40 steps on the target's own greedy responses."""
-    run = tmp_path_factory.mktemp("raw_dflash") / "run"
-    cfg = compose_train(["target=micro_vllm", "injection=raw_dflash", "trainer.max_steps=40",
-                         "trainer.val_check_interval=1000", "model.val_walk=false", "trainer.enable_progress_bar=false",
-                         "data.regen_sequences=96", "data.regen_new_tokens=64", "data.seq_len=96"], output_dir=run)
-    return train(cfg)["drafter"]
+    return train_interop_drafter(tmp_path_factory, "raw_dflash")
 
 
 @pytest.fixture(scope="module")
