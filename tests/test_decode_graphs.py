@@ -5,7 +5,7 @@ import torch
 
 from dmtp.block_drafter import fresh_drafter_for
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
-from dmtp.decode.target_runner import FastTargetRunner, flash_attn_available
+from dmtp.decode.runners import FastTargetRunner, flash_attn_available
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

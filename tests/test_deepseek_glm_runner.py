@@ -17,11 +17,10 @@ from safetensors.torch import load_file, save_file
 
 from dmtp.block_drafter import fresh_drafter_for
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
-from dmtp.decode.deepseek_runner import DeepseekV3TargetRunner, deepseek_runner_unsupported
-from dmtp.decode.glm_runner import Glm4MoeTargetRunner, glm_runner_unsupported
 from dmtp.decode.proposers import ScriptedProposer
-from dmtp.decode.runners import make_target_runner
-from dmtp.decode.target_runner import RecomputeTargetRunner
+from dmtp.decode.runners import RecomputeTargetRunner, make_target_runner
+from dmtp.decode.runners.deepseek import DeepseekV3TargetRunner, deepseek_runner_unsupported
+from dmtp.decode.runners.glm import Glm4MoeTargetRunner, glm_runner_unsupported
 from dmtp.models.moe import PerExpertSwiGLU
 from dmtp.models.mtp_loading import load_native_mtp
 from dmtp.models.target import TargetModel

@@ -12,9 +12,8 @@ import torch
 
 from dmtp.block_drafter import fresh_drafter_for
 from dmtp.decode import SamplingConfig, ScriptedProposer, SpecDecoder, build_proposer
-from dmtp.decode.hybrid_runner import HybridTargetRunner, hybrid_runner_unsupported, text_model
-from dmtp.decode.runners import make_target_runner
-from dmtp.decode.target_runner import RecomputeTargetRunner
+from dmtp.decode.runners import RecomputeTargetRunner, make_target_runner
+from dmtp.decode.runners.hybrid import HybridTargetRunner, hybrid_runner_unsupported, text_model
 from dmtp.models import gdn_kernels
 from dmtp.models.gated_deltanet import GDNCache
 from dmtp.models.mtp_loading import load_native_mtp

@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from dmtp.block_drafter import fresh_drafter_for, load_block_drafter
 from dmtp.configs import compose_config, compose_train
-from dmtp.decode.hybrid_runner import HybridTargetRunner
+from dmtp.decode.runners import HybridTargetRunner
 from dmtp.decode.loop import ScriptedProposer, SpecDecoder, build_proposer
 from dmtp.decode.runners import make_target_runner
 from dmtp.decode.compare import compare_methods as infer_run

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3_5ForCausalLM
 
 from dmtp.block_drafter import fresh_drafter_for, load_block_drafter
 from dmtp.configs import compose_train
-from dmtp.decode.hybrid_runner import HybridTargetRunner
+from dmtp.decode.runners import HybridTargetRunner
 from dmtp.decode.loop import SpecDecoder, build_proposer
 from dmtp.decode.runners import make_target_runner
 from dmtp.models.mtp_families import Qwen35MTPBlock

@@ -68,8 +68,7 @@ def runner_step(runner, rows: torch.Tensor, committed: int):
 
 @torch.no_grad()
 def main(argv=None) -> None:
-    from dmtp.decode.hybrid_runner import HybridTargetRunner
-    from dmtp.decode.target_runner import RecomputeTargetRunner
+    from dmtp.decode.runners import HybridTargetRunner, RecomputeTargetRunner
     from dmtp.models.target import TargetModel
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

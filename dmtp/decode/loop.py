@@ -36,8 +36,7 @@ import torch
 
 from dmtp.decode.metrics import AcceptanceRecorder, StageTimer, throughput
 from dmtp.decode.proposers import (ARProposer, DrafterProposer, MTPChainProposer, Proposer, ScriptedProposer)
-from dmtp.decode.runner_base import TargetRunner
-from dmtp.decode.runners import make_target_runner
+from dmtp.decode.runners import TargetRunner, make_target_runner
 from dmtp.decode.stage import Stage, present, restore, snapshot
 from dmtp.decode.verify import (accept_block_verification, accept_rejection_sampling, accept_target_only,
                                 probs_from_logits, sample_tokens)

@@ -1,4 +1,4 @@
-"""Static-cache target runner for GLM-4-MoE (GLM-4.5 / 4.6 / 4.7 and -Air).
+"""Static-cache runner for GLM-4-MoE (GLM-4.5 / 4.6 / 4.7 and -Air).
 
 GLM-4-MoE layers are GQA attention with partial rotary (the first `head_dim * partial_rotary_factor`
 dims, rotate-half), q/k/v biases, optional per-head q/k RMSNorms (`use_qk_norm`), then a dense SwiGLU
@@ -11,25 +11,26 @@ from __future__ import annotations
 
 from torch import nn
 
-from dmtp.decode.moe_binding import bind_mlp, check_bound, moe_family_unsupported
-from dmtp.decode.target_runner import FastTargetRunner, bind_decoder_layer
+from dmtp.decode.runners.dense import ATTENTION_PROJECTIONS, FastTargetRunner, bind_decoder_layer
+from dmtp.decode.runners.moe import bind_mlp, moe_family_unsupported
 from dmtp.models.qwen3 import Qwen3DecoderLayer
 from dmtp.models.target import TargetModel
 
 
 def glm_runner_unsupported(target: TargetModel) -> str | None:
     """Why the GLM-4-MoE runner cannot drive this target (None when it can)."""
-    return moe_family_unsupported(target, "glm4_moe", ("q_proj", "k_proj", "v_proj", "o_proj"))
+    return moe_family_unsupported(target, "glm4_moe", ATTENTION_PROJECTIONS)
 
 
 def bind_glm_layer(src: nn.Module, cfg) -> Qwen3DecoderLayer:
     """Our decoder layer on `src`'s own parameters: attention and norms as the dense runner binds them,
     the MLP dense or MoE."""
-    return check_bound(bind_decoder_layer(src, cfg, mlp=bind_mlp(src.mlp, cfg)), src)
+    return bind_decoder_layer(src, cfg, mlp=bind_mlp(src.mlp, cfg))
 
 
 class Glm4MoeTargetRunner(FastTargetRunner):
     kind = "glm4_moe"
+    family = "glm4_moe"
     why_unsupported = staticmethod(glm_runner_unsupported)
     bind_layer = staticmethod(bind_glm_layer)
 
