@@ -19,7 +19,7 @@ from dmtp.block_drafter import fresh_drafter_for
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
 from dmtp.decode.deepseek_runner import DeepseekV3TargetRunner, deepseek_runner_unsupported
 from dmtp.decode.glm_runner import Glm4MoeTargetRunner, glm_runner_unsupported
-from dmtp.decode.proposers import ScriptedProposer
+from scripted_proposer import ScriptedProposer
 from dmtp.decode.runners import make_target_runner
 from dmtp.decode.target_runner import RecomputeTargetRunner
 from dmtp.models.moe import PerExpertSwiGLU

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from dmtp.block_drafter import fresh_drafter_for
-from dmtp.decode import SamplingConfig, ScriptedProposer, SpecDecoder, build_proposer
+from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
+from scripted_proposer import ScriptedProposer
 from dmtp.decode.hybrid_runner import HybridTargetRunner, hybrid_runner_unsupported, text_model
 from dmtp.decode.runners import make_target_runner
 from dmtp.decode.target_runner import RecomputeTargetRunner
