@@ -10,7 +10,7 @@ ar / mtp415 / drafter. Prints a table and writes `metrics.json` to the run direc
     python -m dmtp.infer target.path=/models/Qwen3-8B drafter=/models/dflash eval.name=gsm8k eval.path=/data/gsm8k
     python -m dmtp.infer eval.name=prompts eval.path=my_prompts.jsonl   # {"prompt": ...} or {"text": ...} per line
 
-A command only: the work is done by dmtp.decode.compare (imported once Hydra has composed the config,
+A command only: the work is done by dmtp.inference.compare (imported once Hydra has composed the config,
 so `--help` and `--cfg job` answer without loading torch). Run as a command, it owns the process: the
 thread policy (dmtp.threads) is claimed before anything loads torch.
 """
@@ -33,8 +33,8 @@ def _hydra_main(cfg) -> None:
 
     with one_line_errors("dmtp.infer"), quiet_known_warnings():
         print(apply_threads(cfg.get("threads")))
-        from dmtp.decode.compare import compare_methods
-        from dmtp.decode.options import named_methods
+        from dmtp.inference.compare import compare_methods
+        from dmtp.inference.options import named_methods
 
         compare_methods(cfg, named_methods(cfg, list(HydraConfig.get().overrides.task)))
 

@@ -13,7 +13,7 @@ import dmtp.block_drafter as block_drafter_module
 from dmtp.block_drafter import BlockDrafter, build_block_drafter, fresh_drafter_for, load_block_drafter
 from dmtp.configs import compose_train
 from dmtp.decode import build_proposer
-from dmtp.decode.drafters import load_drafter_for, method_needs_mtp
+from dmtp.inference.drafters import load_drafter_for, method_needs_mtp
 from dmtp.decode.proposers import DrafterProposer, DrafterState
 from dmtp.decode.reference import propose_drafter
 from dmtp.injection.catalogue import make_injection

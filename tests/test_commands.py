@@ -1,5 +1,5 @@
 """The commands are thin: `--help` / `--cfg job` compose and answer before torch, transformers or Lightning
-load (the work lives in dmtp.training.job / dmtp.decode.compare, imported once Hydra has composed)."""
+load (the work lives in dmtp.training.job / dmtp.inference.compare, imported once Hydra has composed)."""
 from __future__ import annotations
 
 import os

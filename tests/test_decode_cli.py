@@ -10,8 +10,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from dmtp.block_drafter import fresh_drafter_for
-from dmtp.decode.compare import compare_methods as run
-from dmtp.decode.drafters import NO_DRAFTER_MESSAGE, find_latest_drafter
+from dmtp.inference.compare import compare_methods as run
+from dmtp.inference.drafters import NO_DRAFTER_MESSAGE, find_latest_drafter
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 

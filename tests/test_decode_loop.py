@@ -5,7 +5,8 @@ import torch
 
 from dmtp.block_drafter import fresh_drafter_for
 from dmtp.data.corpora import documents
-from dmtp.decode import DrafterProposer, ScriptedProposer, SpecDecoder, build_proposer
+from dmtp.decode import DrafterProposer, SpecDecoder, build_proposer
+from scripted_proposer import ScriptedProposer
 from dmtp.injection import VARIANTS
 from dmtp.models.target import load_tokenizer
 

@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from dmtp.block_drafter import fresh_drafter_for
-from dmtp.decode import SamplingConfig, ScriptedProposer, SpecDecoder, build_proposer
+from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
+from scripted_proposer import ScriptedProposer
 from dmtp.decode.stage import Stage, snapshot
-from dmtp.decode.stage_check import undeclared_writes
+from stage_check import undeclared_writes
 from dmtp.injection import VARIANTS
 
 PROMPTS = [[17, 45, 300, 12, 9, 81, 77, 5, 40], [210, 11, 61, 400, 8]]

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from dmtp.block_drafter import fresh_drafter_for
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
-from dmtp.decode.proposers import ScriptedProposer
+from scripted_proposer import ScriptedProposer
 from dmtp.decode.runners import RecomputeTargetRunner, make_target_runner
 from dmtp.decode.runners.deepseek import DeepseekV3TargetRunner, deepseek_runner_unsupported
 from dmtp.decode.runners.glm import Glm4MoeTargetRunner, glm_runner_unsupported

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from dmtp.block_drafter import fresh_drafter_for
-from dmtp.decode import SamplingConfig, ScriptedProposer, SpecDecoder, build_proposer
+from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
+from scripted_proposer import ScriptedProposer
 from dmtp.decode.runners import RecomputeTargetRunner, make_target_runner
 from dmtp.decode.runners.hybrid import HybridTargetRunner, hybrid_runner_unsupported, text_model
 from dmtp.models import gdn_kernels

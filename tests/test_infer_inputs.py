@@ -12,7 +12,7 @@ from cli_runner import infer_cli
 from dmtp.block_drafter import fresh_drafter_for
 from dmtp.configs import compose_config
 from dmtp.data.evalsets import load_eval_set
-from dmtp.decode.drafters import NO_DRAFTER_MESSAGE, find_latest_drafter, no_drafter_for
+from dmtp.inference.drafters import NO_DRAFTER_MESSAGE, find_latest_drafter, no_drafter_for
 from dmtp.models.target import load_tokenizer
 
 def _save_drafter(target, path, trained_for):
@@ -32,7 +32,7 @@ def test_plain_prompt_records_read_prompt_or_text(tmp_path):
 
 
 def test_plain_prompt_set_decodes_without_chat_template(tmp_path, micro_target_dir, capsys):
-    from dmtp.decode.compare import compare_methods
+    from dmtp.inference.compare import compare_methods
 
     path = tmp_path / "p.jsonl"
     texts = ["def add(a, b):\n    return", "The function returns"]

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from dmtp.report import aggregate, collect, detail_table, markdown_table
+from dmtp.reports.sweep import aggregate, collect, detail_table, markdown_table
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import pytest
 
 from dmtp.quiet import quiet_known_warnings
 from dmtp.training.progress import step_description
-from dmtp.training.walk_table import walk_rows, walk_table
+from dmtp.reports.walk import walk_rows, walk_table
 
 
 def _record():

@@ -12,7 +12,7 @@ from dmtp.injection import CATALOGUE, Injection
 from dmtp.injection.catalogue import register_variant
 from dmtp.injection.catalogue import make_injection
 from dmtp.injection.readme_table import README, render_table, table_in
-from dmtp.report import INTERFACES
+from dmtp.reports.sweep import INTERFACES
 
 YAMLS = {p.stem: yaml.safe_load(p.read_text()) for p in (Path(CONF_DIR) / "injection").glob("*.yaml")}
 

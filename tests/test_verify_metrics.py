@@ -11,9 +11,11 @@ import tokenize
 import pytest
 import torch
 
-from dmtp.decode import metrics as M
+from dmtp.reports import tables as M
 from dmtp.decode import verify as V
-from dmtp.decode.metrics import AcceptanceRecorder, StageTimer, format_table, throughput
+from dmtp.decode.metrics import AcceptanceRecorder, throughput
+from dmtp.decode.stage_timer import StageTimer
+from dmtp.reports.tables import format_table
 from dmtp.decode.verify import (
     accept_rejection_sampling,
     accept_target_only,

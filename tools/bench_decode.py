@@ -30,13 +30,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer  # noqa: E402
+from dmtp.decode import SamplingConfig  # noqa: E402
 from dmtp.decode.loop import VERIFICATION_MODES  # noqa: E402
-from dmtp.decode.metrics import format_table, throughput  # noqa: E402
-from dmtp.decode.drafters import find_latest_drafter, load_drafter_for, mtp_for_drafter  # noqa: E402
-from dmtp.decode.options import resolve_device, resolve_dtype  # noqa: E402
-from dmtp.decode.prompt_sets import embedded_prompts  # noqa: E402
-from dmtp.decode.workloads import decode_workloads  # noqa: E402
+from dmtp.decode.metrics import throughput  # noqa: E402
+from dmtp.inference.drafters import find_latest_drafter  # noqa: E402
+from dmtp.inference.prompt_sets import embedded_prompts  # noqa: E402
+from dmtp.inference.setup import (build_decoder, load_drafter, load_mtp, load_target, placement,  # noqa: E402
+                                  target_config)
+from dmtp.inference.workloads import decode_workloads  # noqa: E402
+from dmtp.reports.tables import format_table  # noqa: E402
 
 
 def method_of(label: str) -> str:
@@ -236,18 +238,6 @@ def hf_generate(target, prompts, max_new_tokens: int, batch_size: int, eos: int 
     return {"tokens": outputs, "output_tokens": n, "wall_s": wall, "tokens_per_s": throughput(n, wall)}
 
 
-def load_target(path: str | None, preset: str, device, dtype):
-    """The benchmarks' target: a checkpoint directory, else the embedded preset (built on first use).
-    -> (path, TargetModel, tokenizer)."""
-    from dmtp.models.target import TargetModel, load_tokenizer
-
-    if path is None:
-        from dmtp.tiny.targets import ensure_tiny_target
-
-        path = str(ensure_tiny_target(preset))
-    return path, TargetModel.from_pretrained(path, dtype=dtype, device=device), load_tokenizer(path)
-
-
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=None, help="target checkpoint dir (default: the embedded --preset)")
@@ -285,15 +275,12 @@ def main(argv=None) -> dict:
         print("note: at temperature 0 every verification mode is greedy verification (identical tokens and tau); "
               "pass --temperature 1 to compare them")
 
-    from dmtp.models.mtp_loading import load_native_mtp
-
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    path, target, tok = load_target(args.target, args.preset, device, dtype)
-    mtp = load_native_mtp(path, target.embed_tokens, target.lm_head)
-    eos = tok.eos_token_id
+    device, dtype = placement(args.device, args.dtype)
+    loaded = load_target(target_config(args.target, args.preset), device, dtype)
+    path, target, tok, eos = loaded.path, loaded.model, loaded.tokenizer, loaded.eos_token_id
+    mtp = load_mtp(loaded)
 
     drafters = []
     paths = list(args.drafter)
@@ -304,8 +291,8 @@ def main(argv=None) -> dict:
     for spec in paths:
         p, options = drafter_spec(spec)
         block_size = options.pop("block_size", None)   # DIR@block_size=8: a shorter verified block
-        drafters.append((*load_drafter_for(target, p, dtype, device, options=options, block_size=block_size),
-                         mtp_for_drafter(target, path, p, mtp)))   # its own jointly trained MTP, if it has one
+        d = load_drafter(loaded, p, device, dtype, native_mtp=mtp, options=options, block_size=block_size)
+        drafters.append((d.model, d.label, d.mtp))   # d.mtp: its own jointly trained MTP, if it has one
     mask_id = random_drafter_mask_id(tok, target)
     for name in filter(None, args.random_drafters.split(",")):
         drafters.append((*random_drafter(target, name, mask_id, device, dtype), mtp))
@@ -315,17 +302,15 @@ def main(argv=None) -> dict:
     for suffix, compile in {"off": [("", False)], "on": [("", True)],
                             "both": [("", False), (" compiled", True)]}[args.compile]:
         for m in ("ar", "mtp415"):
-            decoders[m + suffix] = SpecDecoder(target, build_proposer(m, target, mtp=mtp), eos_token_id=eos,
-                                               cuda_graphs=graphs, compile=compile)
+            decoders[m + suffix] = build_decoder(target, m, eos, mtp=mtp, cuda_graphs=graphs, compile=compile)
         for drafter, name, drafter_mtp in drafters:
             if drafter.config.architecture != "DFlashDraftModel":
                 name = f"{name}+dflash2"
             if drafter_mtp is not mtp:   # decoded with its own jointly trained MTP: another method
                 name = f"{name}+tuned_mtp"
             label = (name if name + suffix not in decoders else f"{name}#{len(decoders)}") + suffix
-            decoders[label] = SpecDecoder(target, build_proposer("drafter", target, mtp=drafter_mtp, drafter=drafter,
-                                                                 name=label),
-                                          eos_token_id=eos, cuda_graphs=graphs, compile=compile)
+            decoders[label] = build_decoder(target, "drafter", eos, mtp=drafter_mtp, drafter=drafter, name=label,
+                                            cuda_graphs=graphs, compile=compile)
 
     workloads = embedded_prompts(tok, args.domains.split(","), args.num_prompts, args.prompt_tokens)
     runs = {mode: bench_sampling(decoders, workloads, SamplingConfig(temperature=args.temperature, verification=mode),

@@ -31,10 +31,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_decode import hf_generate, load_target  # noqa: E402
-from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer  # noqa: E402
-from dmtp.decode.drafters import find_latest_drafter, load_drafter_for  # noqa: E402
-from dmtp.decode.prompt_sets import embedded_prompts  # noqa: E402
+from bench_decode import hf_generate  # noqa: E402
+from dmtp.decode import SamplingConfig, SpecDecoder  # noqa: E402
+from dmtp.inference.drafters import find_latest_drafter  # noqa: E402
+from dmtp.inference.prompt_sets import embedded_prompts  # noqa: E402
+from dmtp.inference.setup import (build_decoder, load_drafter, load_mtp, load_target, placement,  # noqa: E402
+                                  target_config)
 
 
 def reference_model(path: str, dtype, device):
@@ -139,17 +141,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default=None, help="write the JSON report here")
     args = ap.parse_args(argv)
 
-    from dmtp.models.mtp_loading import load_native_mtp
-
     if args.threads:
         torch.set_num_threads(args.threads)
-    device, dtype = torch.device(args.device), torch.float32
+    device, dtype = placement(args.device, "float32")   # the reference loop's own dtype
     if args.drafter and args.random_drafter:
         raise SystemExit("bench_peer: --drafter and --random-drafter exclude each other")
     if args.cuda_graphs and device.type != "cuda":
         raise SystemExit(f"bench_peer: --cuda-graphs needs --device cuda, got {args.device}")
-    path, target, tok = load_target(args.target, args.preset, device, dtype)
-    eos = tok.eos_token_id
+    loaded = load_target(target_config(args.target, args.preset), device, dtype)
+    path, target, tok, eos = loaded.path, loaded.model, loaded.tokenizer, loaded.eos_token_id
     if args.random_drafter:
         drafter_dir = write_random_drafter(target, tok)
     else:
@@ -157,16 +157,16 @@ def main(argv=None) -> dict:
         drafter_dir = args.drafter or (str(latest) if latest else None)
     if drafter_dir is None:
         raise SystemExit("bench_peer: no --drafter given and no trained drafter found (--random-drafter: an untrained one)")
-    drafter, variant = load_drafter_for(target, drafter_dir, dtype, device)
+    mtp = load_mtp(loaded)
+    loaded_drafter = load_drafter(loaded, drafter_dir, device, dtype, native_mtp=mtp)
+    drafter, variant = loaded_drafter.model, loaded_drafter.label
     if drafter.needs_mtp:
         raise SystemExit(f"bench_peer: {drafter_dir} is a {variant} drafter; the reference loop runs raw DFlash only")
     theirs = reference_model(drafter_dir, dtype, device)
-    mtp = load_native_mtp(path, target.embed_tokens, target.lm_head)
 
     def decoder(method: str, compile: bool = False, graphs: bool = False) -> SpecDecoder:
         kw = {"drafter": drafter} if method == "drafter" else {}
-        return SpecDecoder(target, build_proposer(method, target, mtp=mtp, **kw), eos_token_id=eos, compile=compile,
-                           cuda_graphs=graphs)
+        return build_decoder(target, method, eos, mtp=mtp, compile=compile, cuda_graphs=graphs, **kw)
 
     ours = {"dmtp": decoder("drafter")}
     ar = {"dmtp AR": decoder("ar")}

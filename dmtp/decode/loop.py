@@ -34,10 +34,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dmtp.decode.metrics import AcceptanceRecorder, StageTimer, throughput
-from dmtp.decode.proposers import (ARProposer, DrafterProposer, MTPChainProposer, Proposer, ScriptedProposer)
+from dmtp.decode.metrics import AcceptanceRecorder, throughput
+from dmtp.decode.proposers import (ARProposer, DrafterProposer, MTPChainProposer, Proposer)
 from dmtp.decode.runners import TargetRunner, make_target_runner
 from dmtp.decode.stage import Stage, present, restore, snapshot
+from dmtp.decode.stage_timer import StageTimer
 from dmtp.decode.verify import (accept_block_verification, accept_rejection_sampling, accept_target_only,
                                 probs_from_logits, sample_tokens)
 from dmtp.models.drafter import BLOCK_SIZE_RANGE
@@ -599,4 +600,4 @@ def build_proposer(method: str, target, mtp=None, drafter=None, mtp_steps: int =
 
 
 __all__ = ["SpecDecoder", "SamplingConfig", "DecodeResult", "DecodeState", "build_proposer", "parse_mtp_steps",
-           "ScriptedProposer", "VERIFICATION_MODES"]
+           "VERIFICATION_MODES"]

@@ -1,6 +1,6 @@
 """`python -m dmtp.infer engine=vllm`: a method decoded inside vLLM, reported like dmtp's own loop.
 
-`VLLMDecoder` has what `dmtp.decode.workloads.decode_workloads` uses of a `SpecDecoder`
+`VLLMDecoder` has what `dmtp.inference.workloads.decode_workloads` uses of a `SpecDecoder`
 (`generate(...) -> DecodeResult`, `num_candidates`, `fixed_shapes`, ...), so the printed table, the
 comparisons and metrics.json are dmtp's, unchanged. Methods: `ar` (the target alone) and a drafter
 vLLM runs (method `dflash`: a raw DFlash export). The accepted drafts come per request and round from

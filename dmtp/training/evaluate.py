@@ -1,11 +1,13 @@
 """After training, decode the embedded held-out prompts with the one loop (sweep jobs): the trained
 drafter and, for comparison in the same process, target-only AR. Returns flat `<domain>/<metric>` keys
-for metrics.json."""
+for metrics.json. The modules are the trained ones, in memory: only the decoders are built, by the one
+setup loader's `build_decoder` (dmtp.inference.setup), as dmtp.infer and the benchmarks build theirs."""
 from __future__ import annotations
 
-from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
-from dmtp.decode.prompt_sets import embedded_prompts
-from dmtp.decode.workloads import decode_workloads
+from dmtp.decode import SamplingConfig
+from dmtp.inference.prompt_sets import embedded_prompts
+from dmtp.inference.setup import LoadedTarget, build_decoder
+from dmtp.inference.workloads import decode_workloads
 
 
 def flat_decode_metrics(summary: dict, prefix: str) -> dict:
@@ -27,10 +29,10 @@ def decode_after_training(target, mtp, drafter, tokenizer, domains=("code", "pro
     sizes and record `throughput/bs<b>/tok_s` (and `.../speedup_vs_ar`): the throughput-vs-batch plot."""
     drafter.eval()
     workloads = embedded_prompts(tokenizer, list(domains), num_prompts, prompt_tokens)
-    decoders = {"drafter": SpecDecoder(target, build_proposer("drafter", target, mtp=mtp, drafter=drafter),
-                                       eos_token_id=tokenizer.eos_token_id)}
+    eos = LoadedTarget(target.path, target, tokenizer).eos_token_id
+    decoders = {"drafter": build_decoder(target, "drafter", eos, mtp=mtp, drafter=drafter)}
     if compare_ar:
-        decoders["ar"] = SpecDecoder(target, build_proposer("ar", target), eos_token_id=tokenizer.eos_token_id)
+        decoders["ar"] = build_decoder(target, "ar", eos)
     out = decode_workloads(decoders, workloads, max_new_tokens=max_new_tokens, sampling=SamplingConfig(),
                            batch_size=batch_size)
     metrics = {}

@@ -7,14 +7,13 @@ import re
 from pathlib import Path
 
 import lightning as L
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate as hydra_instantiate
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from dmtp.atomic_io import write_json
 from dmtp.block_drafter import BlockDrafter
+from dmtp.configs import instantiate
 from dmtp.models.drafter import DFLASH_ARCH, load_drafter
 from dmtp.models.drafter_factory import mask_token_id_of
 from dmtp.models.drafter_fit import require_target_fit
@@ -26,18 +25,7 @@ from dmtp.training.checkpoint_io import AtomicCheckpointIO
 from dmtp.training.resume import check_checkpoint_fits, checkpoint_shapes, claim_run_dir, read_checkpoint, resume_plan
 from dmtp.training.run_config import RecordRunConfig, recorded_config, resumed_config
 from dmtp.training.rng_state import ResumableRNG
-from dmtp.training.walk_table import walk_table
-
-
-def instantiate(node, *args, **kwargs):
-    """Hydra's instantiate, but a component's own error surfaces as itself (one clear line), not
-    wrapped in Hydra's multi-line InstantiationException."""
-    try:
-        return hydra_instantiate(node, *args, **kwargs)
-    except InstantiationException as e:
-        if e.__cause__ is not None:
-            raise e.__cause__ from None
-        raise
+from dmtp.reports.walk import walk_table
 
 
 def build_components(cfg: DictConfig):

@@ -85,7 +85,7 @@ def test_vllm_acceptance_per_position_equals_dmtps_loop(dmtp_run, served_raw):
 def test_infer_engine_vllm_prints_dmtps_acceptance(vllm_target_dir, raw_drafter_dir, tmp_path, capsys):
     """`python -m dmtp.infer engine=vllm`: the same prompts and table, decoded inside vLLM; greedy, every
     acceptance figure equals dmtp's own loop (speed columns are vLLM's and are not compared)."""
-    from dmtp.decode.compare import compare_methods
+    from dmtp.inference.compare import compare_methods
 
     def run(engine):
         cfg = compose_config("infer", [f"engine={engine}", f"target.path={vllm_target_dir}", f"drafter.path={raw_drafter_dir}",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from dmtp.decode.metrics import format_table
+from dmtp.reports.tables import format_table
 
 SHOWN_LENGTHS = (2, 4)      # P(L>=k): accepted-run lengths worth a column (k=1 is t1_accept), and the whole block
 CHAIN_LENGTHS = (2, 4)      # the chain proposes 4 tokens: P(L>=K) is 0 by construction

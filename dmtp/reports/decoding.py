@@ -1,7 +1,7 @@
 """The text report of a decoding comparison: acceptance and throughput per workload, per-stage times."""
 from __future__ import annotations
 
-from dmtp.decode.metrics import format_table
+from dmtp.reports.tables import format_table
 
 TABLE_COLUMNS = ["workload", "method", "tau", "tau_verify", "t1_accept", "tok/s", "speedup", "ttft_ms",
                  "ms/round", "matches_ar"]

@@ -1,30 +1,12 @@
-"""Decoding options of `python -m dmtp.infer`, checked before anything is loaded: device, dtype,
-sampling, the prompt budget, and which methods the user named (those must run or fail)."""
+"""Decoding options of `python -m dmtp.infer`, checked before anything is loaded: sampling, the
+prompt budget, and which methods the user named (those must run or fail)."""
 from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from dmtp.decode.loop import SamplingConfig, parse_mtp_steps
 
 TRUNCATE_MODES = (None, "left")   # eval.truncate
-
-
-def resolve_device(name: str) -> torch.device:
-    if name in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name in (None, "auto"):
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16}
-    if name not in table:
-        raise ValueError(f"unknown dtype {name!r}; choose from {', '.join(table)}")
-    return table[name]
 
 
 def decode_options(cfg) -> SamplingConfig:

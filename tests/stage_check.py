@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dmtp.decode.proposers import Proposer
 from dmtp.decode.stage import Stage
 
 
@@ -31,7 +32,7 @@ def reachable_tensors(**roots) -> dict[str, torch.Tensor]:
             stack += [(f"{path}[{k!r}]", v) for k, v in obj.items()]
         elif isinstance(obj, (list, tuple)):
             stack += [(f"{path}[{i}]", v) for i, v in enumerate(obj)]
-        elif isinstance(obj, nn.Module) or type(obj).__module__.startswith("dmtp."):
+        elif isinstance(obj, (nn.Module, Proposer)) or type(obj).__module__.startswith("dmtp."):   # test proposers too
             stack += [(f"{path}.{k}", v) for k, v in vars(obj).items()]
     return found
 

@@ -1,0 +1,198 @@
+"""The body of `python -m dmtp.infer`: load (target, drafter, MTP) -> build the decoders -> the prompts
+-> decode them with every method through the one loop -> print the comparison and write metrics.json."""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from dmtp.atomic_io import write_json, write_text
+from dmtp.data.evalsets import build_turn_prompts
+from dmtp.inference.drafters import drafter_target, find_latest_drafter, method_needs_mtp, no_drafter_for
+from dmtp.inference.options import decode_options, named_methods
+from dmtp.inference.prompt_sets import embedded_prompts, eval_set_prompts, fit_prompts, prompt_limit
+from dmtp.inference.setup import (LoadedDrafter, LoadedTarget, build_decoder, drafter_with_mtp, dtype_name,
+                                  load_drafter, load_mtp, load_target, placement)
+from dmtp.inference.workloads import add_comparisons, decode_workloads
+from dmtp.models.mtp_loading import MTPLoadError
+from dmtp.reports.decoding import jsonable, report
+from dmtp.tiny.targets import default_target_dir
+
+ENGINES = ("dmtp", "vllm")
+
+
+@dataclass
+class Loaded:
+    """What one run decodes with: the methods left after an unloadable MTP dropped default ones."""
+    target: LoadedTarget
+    device: torch.device
+    dtype: torch.dtype
+    drafter: LoadedDrafter | None
+    mtp: object
+    methods: list[str]
+
+
+def compare_methods(cfg, named: set[str] | None = None) -> dict:
+    """Decode the prompt set with every method, print the report and write metrics.json. `named`: the
+    methods asked for by name (default: `named_methods(cfg)`)."""
+    sampling = decode_options(cfg)
+    named = named_methods(cfg) if named is None else named
+    loaded = load(cfg, named)
+    decoders = build_decoders(cfg, loaded, named)
+    try:
+        requests, workloads, fit = prompts(cfg, loaded.target, decoders)
+        metrics = decode_turns(cfg, decoders, sampling, requests, workloads, fit, loaded.target.tokenizer)
+        add_comparisons(metrics, greedy=sampling.greedy)
+        metrics["run"] = run_record(cfg, loaded, decoders, workloads)
+    finally:
+        for d in decoders.values():   # an engine with processes of its own (vLLM): stop them now
+            if hasattr(d, "close"):
+                d.close()
+    write_report(cfg, metrics)
+    return metrics
+
+
+def newest_drafter_for(target_cfg) -> Path:
+    """The newest drafter under ./outputs or ./logs trained for the target being decoded (target.path,
+    else the embedded preset's cache directory, which need not be built yet); one line names it. None
+    found: the message saying how to get one, and exit status 1."""
+    target = target_cfg.path or default_target_dir(target_cfg.preset)
+    found = find_latest_drafter(target=target)
+    if found is None:
+        print(no_drafter_for(target))
+        sys.exit(1)
+    print(f"[dmtp] drafter: {found} (the newest trained for {target}; pass drafter=<dir> to choose another)")
+    return found
+
+
+def load(cfg, named: set[str]) -> Loaded:
+    """The target (target.path, else the target a given drafter was trained against, else the embedded
+    preset), the drafter (drafter.path, else the newest trained for that target) and the MTP."""
+    device, dtype = placement(cfg.device, cfg.dtype)
+    methods = list(cfg.methods)
+    drafter_dir = None
+    if "drafter" in methods:
+        drafter_dir = Path(cfg.drafter.path) if cfg.drafter.path else newest_drafter_for(cfg.target)
+    trained_on = drafter_target(drafter_dir) if cfg.drafter.path else None
+    target = load_target(cfg.target, device, dtype, path=None if cfg.target.path else trained_on)
+    drafter = None
+    if drafter_dir is not None:
+        options = cfg.drafter.get("injection_options")
+        options = OmegaConf.to_container(options, resolve=True) if OmegaConf.is_config(options) else dict(options or {})
+        drafter = load_drafter(target, drafter_dir, device, dtype, injection=cfg.drafter.get("injection"),
+                               options=options, block_size=cfg.drafter.get("block_size"))
+    mtp, drafter, methods = with_mtp(target, drafter, methods, named)
+    return Loaded(target, device, dtype, drafter, mtp, methods)
+
+
+def with_mtp(target: LoadedTarget, drafter: LoadedDrafter | None, methods: list[str], named: set[str]):
+    """-> (the target's MTP, the drafter with the MTP it decodes with, the methods to run). An MTP that
+    does not load fails the methods asked for by name (never a quiet AR-only table) and skips the
+    default ones, saying so."""
+    model = drafter.model if drafter else None
+    if not any(method_needs_mtp(m, model) for m in methods):
+        return None, drafter, methods
+    try:
+        mtp = load_mtp(target)
+        return mtp, drafter and drafter_with_mtp(target, drafter, mtp), methods
+    except (MTPLoadError, FileNotFoundError) as e:
+        dropped = [m for m in methods if method_needs_mtp(m, model)]
+        required = [f"drafter {drafter.label} ({drafter.path})" if m == "drafter" else m for m in dropped if m in named]
+        if required:
+            raise MTPLoadError(f"{', '.join(required)} needs the target's MTP, which did not load: {e}") from None
+        print(f"[dmtp] skipping {', '.join(dropped)} (default methods; name them in methods=[...] to require "
+              f"them): {e}")
+        return None, drafter, [m for m in methods if m not in dropped]
+
+
+def build_decoders(cfg, loaded: Loaded, named: set[str]) -> dict:
+    """label -> decoder of every method: the one loop (engine=dmtp) or vLLM (engine=vllm)."""
+    engine = cfg.get("engine", "dmtp")
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be dmtp or vllm, got {engine!r}")
+    target, drafter, eos = loaded.target, loaded.drafter, loaded.target.eos_token_id
+    if engine == "vllm":   # the same prompts and table, decoded inside vLLM
+        from dmtp.serving.vllm_decoder import vllm_decoders
+
+        args = cfg.get("vllm_engine_args")
+        args = OmegaConf.to_container(args, resolve=True) if OmegaConf.is_config(args) else dict(args or {})
+        return vllm_decoders(loaded.methods, named, target.path, [eos], drafter and drafter.model,
+                             drafter and Path(drafter.path), drafter and drafter.label, args, dtype_name(loaded.dtype))
+    decoders = {}
+    for m in loaded.methods:
+        label = drafter.label if m == "drafter" else m
+        decoders[label] = build_decoder(
+            target.model, m, eos, mtp=drafter.mtp if m == "drafter" else loaded.mtp,
+            drafter=drafter and drafter.model, mtp_steps=cfg.mtp_steps, name=label, runner=cfg.runner,
+            attention=cfg.attention, cuda_graphs=cfg.cuda_graphs, compile=cfg.get("compile", False),
+            warmup_rounds=cfg.warmup_rounds)
+    return decoders
+
+
+def prompts(cfg, target: LoadedTarget, decoders: dict):
+    """-> (the eval set's requests, {workload: prompts} fitted to the target, the fitting of later turns)."""
+    if cfg.eval.name == "embedded":
+        workloads = embedded_prompts(target.tokenizer, list(cfg.eval.domains), cfg.num_prompts, cfg.eval.prompt_tokens)
+        requests = []
+    else:
+        requests, workloads = eval_set_prompts(target.tokenizer, cfg.eval.name, cfg.eval.path, cfg.num_prompts)
+    block = 1 + max((d.num_candidates for d in decoders.values()), default=0)
+    limit, why = prompt_limit(target.model, cfg.max_new_tokens, block)
+    fit = partial(fit_prompts, limit=limit, why=why, truncate=cfg.eval.get("truncate"))
+    return requests, fit(workloads), fit
+
+
+def decode_turns(cfg, decoders: dict, sampling, requests: list, workloads: dict, fit, tokenizer) -> dict:
+    """Decode every workload with every decoder. Multi-turn sets (MT-Bench): turn t+1 carries the model's
+    own answers so far; every method gets the same follow-up prompts (built from the first method's
+    answers; identical for all at temperature 0). Later turns are added to `workloads`."""
+    decode = dict(max_new_tokens=cfg.max_new_tokens, sampling=sampling, batch_size=cfg.batch_size, seed=cfg.seed,
+                  progress=cfg.progress)
+    metrics = decode_workloads(decoders, workloads, warmup=cfg.warmup, **decode)
+    wl_name = next(iter(workloads), None)
+    rows = list(range(len(requests)))          # request index of each row of workload `wl_name`
+    answers: dict[int, list[str]] = {i: [] for i in rows}
+    turn = 1
+    while decoders and any(len(requests[i].turns) > turn for i in rows):
+        prev = metrics["results"][(wl_name, next(iter(decoders)))].tokens
+        for row, i in enumerate(rows):
+            answers[i].append(tokenizer.decode(prev[row], skip_special_tokens=True))
+        rows = [i for i in rows if len(requests[i].turns) > turn]
+        turn += 1
+        wl_name = f"{cfg.eval.name}_turn{turn}"
+        workloads.update(fit({wl_name: [build_turn_prompts(tokenizer, requests[i], answers[i]) for i in rows]}))
+        metrics = decode_workloads(decoders, {wl_name: workloads[wl_name]}, previous=metrics, **decode)
+    return metrics
+
+
+def run_record(cfg, loaded: Loaded, decoders: dict, workloads: dict) -> dict:
+    """metrics.json's `run`: what was decoded, where and how."""
+    first = next(iter(decoders.values())) if decoders else None
+    drafter = loaded.drafter
+    return {
+        "target": loaded.target.path, "drafter": drafter.path if drafter else None,
+        "injection": drafter.label if drafter else None,
+        "methods": list(decoders), "device": str(loaded.device), "dtype": dtype_name(loaded.dtype),
+        "batch_size": cfg.batch_size, "max_new_tokens": cfg.max_new_tokens, "eval": cfg.eval.name,
+        "num_prompts": {wl: len(p) for wl, p in workloads.items()},
+        "cuda_graphs": bool(first and first.use_graphs), "runner": first.runner.kind if first else None,
+        "compiled": bool(first and first.compiled), "compile_s": {name: d.compile_s for name, d in decoders.items()},
+        "attention": getattr(first.runner, "attention", None) if first else None,
+        "engine": cfg.get("engine", "dmtp"),
+    }
+
+
+def write_report(cfg, metrics: dict) -> None:
+    """Print the comparison; write metrics.json (read by dmtp.report: replaced whole or not at all) and table.txt."""
+    metrics["config"] = OmegaConf.to_container(cfg, resolve=False)
+    text = report(metrics)
+    print(text)
+    out_dir = Path(cfg.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(out_dir / "metrics.json", jsonable(metrics))
+    write_text(out_dir / "table.txt", text + "\n")
+    print(f"[dmtp] metrics written to {out_dir / 'metrics.json'}")

@@ -1,0 +1,199 @@
+"""Aggregate a sweep: join each job's overrides with its metrics.json into CSV, a Markdown table in
+the blog's layout, and PNG plots (the command: `python -m dmtp.report <sweep_dir> [--out DIR]`; after a
+multirun: the `AggregateOnMultirunEnd` Hydra callback of sweeps/*.yaml).
+
+A job is any directory holding metrics.json (flat or nested: nested keys are joined with "/") and,
+from Hydra, .hydra/overrides.yaml. Workloads are the prefixes of keys ending in "/tau".
+"""
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from pathlib import Path
+
+import yaml
+
+from dmtp.injection import CATALOGUE
+
+BASELINE, SINGLE_ANCHOR = "raw_dflash", "token_only"
+# The "interface" column, in the table's row order: the variants' labels from the catalogue, the
+# methods without a drafter, then each variant on the DFlash2 drafter (`<variant>+dflash2`).
+INTERFACES = {
+    **{name: entry.label for name, entry in CATALOGUE.items()},
+    "ar": "target only", "mtp415": "MTP x4 chained",
+    **{f"{name}+dflash2": f"DFlash2 {entry.label}" for name, entry in CATALOGUE.items()},
+}
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "/"))
+        elif isinstance(v, (int, float, str, bool)) or v is None:
+            out[key] = v
+    return out
+
+
+def collect(sweep_dir: str | Path) -> list[dict]:
+    rows = []
+    for metrics in sorted(Path(sweep_dir).rglob("metrics.json")):
+        job = metrics.parent
+        row = {"job": str(job.relative_to(sweep_dir)) or "."}
+        overrides = job / ".hydra" / "overrides.yaml"
+        if overrides.exists():
+            for item in yaml.safe_load(overrides.read_text()) or []:
+                key, _, value = item.lstrip("+~").partition("=")
+                row[key] = value
+        row.update(_flatten(json.loads(metrics.read_text())))
+        row.setdefault("method", row.get("injection", "?"))
+        rows.append(row)
+    return rows
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    columns = sorted({k for r in rows for k in r}, key=lambda k: (k not in ("job", "method", "injection", "seed"), k))
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def workloads(rows: list[dict]) -> list[str]:
+    return sorted({k[: -len("/tau")] for r in rows for k in r if k.endswith("/tau") and isinstance(r[k], (int, float))})
+
+
+def summarise(rows: list[dict], key: str) -> dict[str, tuple[float, float, int]]:
+    """method -> (mean, stdev over seeds, n) of one metric."""
+    by_method: dict[str, list[float]] = {}
+    for r in rows:
+        if isinstance(r.get(key), (int, float)):
+            by_method.setdefault(r["method"], []).append(float(r[key]))
+    return {m: (statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else 0.0, len(v)) for m, v in by_method.items()}
+
+
+def _cell(stats: tuple[float, float, int] | None, fmt: str = "{:.3f}") -> str:
+    if stats is None:
+        return ""
+    mean, sd, n = stats
+    return fmt.format(mean) + (" ± " + fmt.format(sd) if n > 1 else "")
+
+
+def markdown_table(rows: list[dict]) -> str:
+    loads = workloads(rows)
+    taus = {w: summarise(rows, f"{w}/tau") for w in loads}
+    methods = sorted({m for t in taus.values() for m in t}, key=lambda m: list(INTERFACES).index(m) if m in INTERFACES else 99)
+    head = ["variant", "interface"] + [f"tau {w}" for w in loads] + ["vs token-only", "vs raw DFlash"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for m in methods:
+        cells = [m, INTERFACES.get(m, "")]
+        for w in loads:
+            cells.append(_cell(taus[w].get(m, (float("nan"), 0.0, 0))))
+        for ref in (SINGLE_ANCHOR, BASELINE):
+            changes = [taus[w][m][0] / taus[w][ref][0] - 1 for w in loads if m in taus[w] and ref in taus[w]]
+            cells.append(f"{100 * statistics.fmean(changes):+.2f}%" if changes and m != ref else "")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def detail_table(rows: list[dict]) -> str:
+    """Per workload and method: tau, T1 acceptance, speed-up vs AR and P(L>=k), mean ± stdev over jobs."""
+    lines = []
+    for w in workloads(rows):
+        ks = sorted({int(k.rsplit("_", 1)[1]) for r in rows for k in r if k.startswith(f"{w}/p_len_ge_")})
+        if not ks:
+            continue
+        cols = {"tau": f"{w}/tau", "T1 accept": f"{w}/t1_accept", "tok/s vs AR": f"{w}/speedup_vs_ar",
+                **{f"P(L>={k})": f"{w}/p_len_ge_{k}" for k in ks}}
+        stats = {name: summarise(rows, key) for name, key in cols.items()}
+        methods = sorted({m for s in stats.values() for m in s})
+        lines += [f"\n**{w}**\n", "| variant | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+        for m in methods:
+            cells = [_cell(stats[name].get(m), "{:.2f}" if name.startswith("P(") else "{:.3f}") for name in cols]
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def plots(rows: list[dict], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    loads = workloads(rows)
+    methods = sorted({r["method"] for r in rows})
+    for metric, name in (("tau", "acceptance_length"), ("t1_accept", "t1_acceptance")):
+        fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(methods) * max(1, len(loads)) / 2), 4))
+        width = 0.8 / max(1, len(methods))
+        for i, m in enumerate(methods):
+            vals = [summarise(rows, f"{w}/{metric}").get(m, (float("nan"), 0, 0)) for w in loads]
+            ax.bar([j + i * width for j in range(len(loads))], [v[0] for v in vals], width,
+                   yerr=[v[1] for v in vals], label=m)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(loads))], loads)
+        ax.set_ylabel(metric)
+        ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        made.append(out / f"{name}.png")
+        fig.savefig(made[-1], dpi=120)
+        plt.close(fig)
+    for w in loads:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for m in methods:
+            ks = sorted(int(k.rsplit("_", 1)[1]) for r in rows for k in r if k.startswith(f"{w}/p_len_ge_"))
+            ks = sorted(set(ks))
+            if ks:
+                ax.plot(ks, [summarise(rows, f"{w}/p_len_ge_{k}").get(m, (float('nan'),))[0] for k in ks], "o-", label=m)
+        ax.set_xlabel("k")
+        ax.set_ylabel("P(L >= k)")
+        ax.set_title(w)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        made.append(out / f"p_len_ge_{w.replace('/', '_')}.png")
+        fig.savefig(made[-1], dpi=120)
+        plt.close(fig)
+    batch_keys = sorted({k for r in rows for k in r if k.startswith("throughput/bs")})
+    if batch_keys:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        sizes = sorted({int(k.split("bs")[1].split("/")[0]) for k in batch_keys})
+        for m in methods:
+            ax.plot(sizes, [summarise(rows, f"throughput/bs{b}/tok_s").get(m, (float("nan"),))[0] for b in sizes], "o-", label=m)
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("tokens / s")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        made.append(out / "throughput_vs_batch.png")
+        fig.savefig(made[-1], dpi=120)
+        plt.close(fig)
+    return made
+
+
+def aggregate(sweep_dir: str | Path, out: str | Path | None = None) -> Path:
+    sweep_dir = Path(sweep_dir)
+    out = Path(out) if out else sweep_dir / "report"
+    rows = collect(sweep_dir)
+    if not rows:
+        raise FileNotFoundError(f"no metrics.json under {sweep_dir}")
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(rows, out / "results.csv")
+    (out / "results.md").write_text(markdown_table(rows) + detail_table(rows))
+    plots(rows, out)
+    return out
+
+
+class AggregateOnMultirunEnd:
+    """Hydra callback (hydra.callbacks) that aggregates the sweep when the multirun ends."""
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        try:
+            path = aggregate(config.hydra.sweep.dir)
+            print(f"[dmtp] sweep report: {path}/results.md")
+        except FileNotFoundError as e:
+            print(f"[dmtp] no sweep report: {e}")
+
+    def __getattr__(self, name):  # the other Hydra callback hooks are no-ops
+        if name.startswith("on_"):
+            return lambda *a, **k: None
+        raise AttributeError(name)
