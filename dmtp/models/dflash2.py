@@ -40,7 +40,7 @@ scattered back onto the full vocabulary, for rejection sampling.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -50,23 +50,24 @@ from dmtp.models.drafter import default_sampler, DFlashConfig, DFlashDrafter, DF
 from dmtp.models.qwen3 import attend
 
 DFLASH2_ARCH = "DFlash2DraftModel"
-# The published config's fields: conv taps and channels per group; selector rank and top-K.
+# The published config's fields (a published config must name each): conv taps and channels per group;
+# selector rank and top-K.
 SHAPE_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
-# Selector training (dmtp's own; written under dflash_config, absent from published configs).
-TRAINING_DEFAULTS = {"selector_alpha": 1.0, "selector_warmup_steps": 0, "selector_ramp_steps": 0,
-                     "selector_gold_outside_topk": "replace"}
+# Selector training (dmtp's own; written under dflash_config, absent from published configs: defaults then).
+TRAINING_KEYS = ("selector_alpha", "selector_warmup_steps", "selector_ramp_steps", "selector_gold_outside_topk")
 
 
 @dataclass
 class DFlash2Config(DFlashConfig):
-    conv_kernel_size: int | None = None
-    conv_group_size: int | None = None
-    selector_rank: int | None = None
-    selector_top_k: int | None = None
-    selector_alpha: float | None = None          # None: TRAINING_DEFAULTS
-    selector_warmup_steps: int | None = None
-    selector_ramp_steps: int | None = None
-    selector_gold_outside_topk: str | None = None  # "replace" | "skip"
+    """DFlash2's own fields; the defaults are a fresh drafter's (conf/drafter/dflash2.yaml repeats them)."""
+    conv_kernel_size: int = 2
+    conv_group_size: int = 16
+    selector_rank: int = 32
+    selector_top_k: int = 8
+    selector_alpha: float = 1.0
+    selector_warmup_steps: int = 0
+    selector_ramp_steps: int = 0
+    selector_gold_outside_topk: str = "replace"   # "replace" | "skip"
 
     def check_options(self) -> None:
         missing = [k for k in SHAPE_KEYS if getattr(self, k) is None]
@@ -80,9 +81,9 @@ class DFlash2Config(DFlashConfig):
             raise ValueError(f"conv_group_size {self.conv_group_size} must divide hidden_size {self.hidden_size}")
         if self.selector_top_k > self.vocab_size:
             raise ValueError(f"selector_top_k {self.selector_top_k} exceeds vocab_size {self.vocab_size}")
-        for k, default in TRAINING_DEFAULTS.items():
-            if getattr(self, k) is None:
-                setattr(self, k, default)
+        for k in TRAINING_KEYS:
+            if getattr(self, k) is None:   # a config.json or a Hydra option that gives null: the default
+                setattr(self, k, next(f.default for f in fields(self) if f.name == k))
         self.selector_alpha = float(self.selector_alpha)
         self.selector_warmup_steps = int(self.selector_warmup_steps)
         self.selector_ramp_steps = int(self.selector_ramp_steps)
@@ -93,14 +94,14 @@ class DFlash2Config(DFlashConfig):
                              f"got {self.selector_gold_outside_topk!r}")
 
     def options_to_hf(self) -> dict:
-        return {k: getattr(self, k) for k in (*SHAPE_KEYS, *TRAINING_DEFAULTS)}
+        return {k: getattr(self, k) for k in (*SHAPE_KEYS, *TRAINING_KEYS)}
 
     @classmethod
     def options_from_hf(cls, pick) -> dict:
         missing = [k for k in SHAPE_KEYS if pick(k) is None]
         if missing:
             raise ValueError(f"{DFLASH2_ARCH} config lacks dflash_config.{missing[0]}")
-        return {k: pick(k) for k in (*SHAPE_KEYS, *TRAINING_DEFAULTS)}
+        return {k: pick(k) for k in (*SHAPE_KEYS, *TRAINING_KEYS)}
 
 
 def causal_conv_taps(block_ids: torch.Tensor, kernel_size: int) -> torch.Tensor:
