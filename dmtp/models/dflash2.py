@@ -310,5 +310,5 @@ class DFlash2Drafter(DFlashDrafter):
         return torch.stack(tokens, dim=-1), q
 
 
-__all__ = ["CandidateSelector", "DFLASH2_ARCH", "DFlash2Config", "DFlash2Drafter", "DFlash2Layer", "GroupedDynamicCausalConv",
-           "causal_conv_taps"]
+__all__ = ["CandidateSelector", "DFLASH2_ARCH", "DFlash2Config", "DFlash2Drafter", "DFlash2Layer",
+           "GroupedDynamicCausalConv", "causal_conv_taps"]
