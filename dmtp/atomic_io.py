@@ -9,13 +9,12 @@ exclusive lock on its temporary while it writes, so a temporary is "stale" exact
 lock (a pid, which the system reuses, is only in the name to make it recognisable).
 
 A write that fails for a reason of the machine (disk full, quota, read-only, I/O error) raises
-`WriteFailed`: one line naming the file, which the commands report with exit status 1.
+`WriteFailed` (dmtp.errors): one line naming the file, which the commands report with exit status 1.
 
 No torch at import time: the commands import this module before anything heavy.
 """
 from __future__ import annotations
 
-import errno as errno_codes
 import fcntl
 import io
 import json
@@ -27,12 +26,10 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
+from dmtp.errors import WriteFailed
+
 TMP_MARK = ".tmp-"   # `.<name>.tmp-<pid>-<thread>`
 _OS_ERROR_IN_TEXT = re.compile(r"os error (\d+)")   # how safetensors (Rust) reports an OS error
-
-
-class WriteFailed(OSError):
-    """The machine refused a write (disk full, quota, read-only, I/O error): an environment fault."""
 
 
 def temporary_name(path: Path) -> Path:
@@ -61,8 +58,7 @@ def _failure(path: Path, err: BaseException) -> WriteFailed | None:
         code = int(found.group(1)) if found else None
     if code is None:
         return None
-    why = os.strerror(code).lower() if code in errno_codes.errorcode else str(err)
-    return WriteFailed(code, f"cannot write {path}: {why} (the previous {path.name}, if any, is left as it was)")
+    return WriteFailed(code, path, kept=path.name)
 
 
 @contextmanager

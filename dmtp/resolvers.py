@@ -13,10 +13,10 @@ import secrets
 
 from omegaconf import OmegaConf
 
+from dmtp.run_dirs import hydra_run_dir
+
 
 def _run_dir(resume, ckpt_path, default):
-    from dmtp.training.resume import hydra_run_dir
-
     return hydra_run_dir(resume, ckpt_path, default)
 
 

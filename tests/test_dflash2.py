@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dmtp.models.dflash2 import DFlash2Drafter, GroupedDynamicCausalConv, causal_conv_taps
+from dmtp.models.dflash2 import DFlash2Config, DFlash2Drafter, GroupedDynamicCausalConv, causal_conv_taps
 from dmtp.models.drafter import DFlashConfig, DFlashDrafter, load_drafter, save_drafter
 from tests.test_drafter import blocks, run  # the same flattened multi-block inputs as the v1 tests
 
@@ -17,12 +17,12 @@ ANCHORS = [3, 8, 14]
 DFLASH2 = dict(conv_kernel_size=2, conv_group_size=8, selector_rank=6, selector_top_k=K)
 
 
-def make_config(**kw) -> DFlashConfig:
+def make_config(**kw) -> DFlash2Config:
     base = dict(hidden_size=H, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, head_dim=8, vocab_size=V, num_target_layers=6, target_layer_ids=[1, 4],
                 mask_token_id=V - 1, block_size=BS, **DFLASH2)
     base.update(kw)
-    return DFlashConfig(**base)
+    return DFlash2Config(**base)
 
 
 def make_drafter(seed=0, trained=False, **kw) -> DFlash2Drafter:
@@ -436,17 +436,17 @@ def test_dflash2_decoding_is_lossless_and_uses_the_selector(micro_target, micro_
     from dmtp.block_drafter import BlockDrafter
     from dmtp.decode import SpecDecoder, build_proposer
     from dmtp.injection.catalogue import make_injection
-    from dmtp.models.dflash2 import DFlash2Drafter
-    from dmtp.models.drafter import DFlashConfig, build_target_layer_ids
+    from dmtp.models.dflash2 import DFlash2Config, DFlash2Drafter
+    from dmtp.models.drafter import build_target_layer_ids
 
     cfg = micro_target.config
     ids = build_target_layer_ids(cfg.num_hidden_layers, 1)
     inj = make_injection(name, cfg.hidden_size, len(ids), 3, 8)
-    dcfg = DFlashConfig(hidden_size=cfg.hidden_size, intermediate_size=64, num_hidden_layers=1,
-                        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
-                        head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, num_target_layers=cfg.num_hidden_layers,
-                        target_layer_ids=ids, mask_token_id=3, context_dim=inj.context_dim,
-                        conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=4)
+    dcfg = DFlash2Config(hidden_size=cfg.hidden_size, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+                         head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, num_target_layers=cfg.num_hidden_layers,
+                         target_layer_ids=ids, mask_token_id=3, context_dim=inj.context_dim,
+                         conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=4)
     torch.manual_seed(0)
     drafter = BlockDrafter(DFlash2Drafter(dcfg), inj).eval()
     with torch.no_grad():

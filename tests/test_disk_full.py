@@ -11,7 +11,7 @@ from hydra.core.global_hydra import GlobalHydra
 from safetensors import SafetensorError
 
 from cli_runner import HYDRA_QUIET, run_command
-from dmtp.cli import environment_fault
+from dmtp.errors import environment_fault
 
 NO_SPACE = os.strerror(errno.ENOSPC)
 RERUN = "free space or fix the filesystem and rerun"
@@ -88,3 +88,22 @@ def test_a_wrapped_fault_is_found_in_the_chain():
             raise RuntimeError("saving the checkpoint failed") from inner
     except RuntimeError as outer:
         assert environment_fault(outer) == f"disk full writing /x/a ({NO_SPACE}); {RERUN}"
+
+
+def test_dmtps_own_write_failure_is_worded_as_any_environment_fault(tmp_path, monkeypatch):
+    """One wording for "environment fault, exit 1": a write of dmtp.atomic_io that the disk refuses says what
+    a library's OSError says (dmtp.errors.fault_line), plus the file it kept, and is found through a chain."""
+    import dmtp.atomic_io
+    from dmtp.errors import WriteFailed
+
+    target = tmp_path / "metrics.json"
+    monkeypatch.setattr(dmtp.atomic_io.os, "fsync", lambda fd: (_ for _ in ()).throw(_disk_full()))
+    with pytest.raises(WriteFailed) as failed:
+        dmtp.atomic_io.write_json(target, {})
+    line = f"disk full writing {target} ({NO_SPACE}); the previous metrics.json, if any, is left as it was; {RERUN}"
+    assert str(failed.value) == line and environment_fault(failed.value) == line
+    try:
+        raise RuntimeError("saving failed") from failed.value
+    except RuntimeError as outer:
+        assert environment_fault(outer) == line
+    assert not target.exists()

@@ -7,6 +7,7 @@ import torch
 
 ref = pytest.importorskip("dflash.model")
 
+from dmtp.models.dflash2 import DFlash2Config  # noqa: E402
 from dmtp.models.drafter import DFlashConfig, build_drafter_from_config, load_drafter, save_drafter  # noqa: E402
 
 H, V, CTX, BLOCK, MASK = 32, 97, 9, 8, 3
@@ -37,7 +38,8 @@ def _ref_model(dflash2: bool):
 
 
 def _our_model(dflash2: bool):
-    cfg = DFlashConfig(hidden_size=H, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    config_class = DFlash2Config if dflash2 else DFlashConfig
+    cfg = config_class(hidden_size=H, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, head_dim=8, vocab_size=V, num_target_layers=4, target_layer_ids=TAPS,
                        mask_token_id=MASK, block_size=BLOCK, rope_theta=10000.0, max_position_embeddings=256,
                        **(DFLASH2 if dflash2 else {}))

@@ -1,4 +1,4 @@
-"""The target writes its own training data through the one decoding loop (dmtp.data.regenerate):
+"""The target writes its own training data through the one decoding loop (dmtp.training.regenerate):
 greedy responses equal the target's own greedy decoding, sampled ones are reproducible from a seed,
 the cache is keyed by everything that changes the output, and a killed run resumes without redoing
 finished shards."""
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from dmtp.configs import compose_train
-from dmtp.data import regenerate as regen_mod
-from dmtp.data.regenerate import RegenSettings, cache_dir_for, regenerate
+from dmtp.training import regenerate as regen_mod
+from dmtp.training.regenerate import RegenSettings, cache_dir_for, regenerate
 from dmtp.training.job import train
 
 NEW = 12

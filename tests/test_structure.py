@@ -1,53 +1,86 @@
-"""Library vs command, and no import circles: commands are imported by nothing, and a base module never
-imports the module built on it (subclasses and families register themselves instead)."""
+"""A base module never imports the module built on it: drafter architectures register themselves, each in its
+own file (the import rules themselves, circles, tiers and commands, are tests/test_layering.py)."""
 from __future__ import annotations
 
-import ast
-from pathlib import Path
+import json
 
 import pytest
 
-from dmtp.models.dflash2 import DFlash2Drafter
-from dmtp.models.drafter import DFLASH2_ARCH, DFLASH_ARCH, DRAFTER_CLASSES, DFlashConfig, DFlashDrafter, drafter_class
+from dmtp.models.dflash2 import DFLASH2_ARCH, DFlash2Config, DFlash2Drafter
+from dmtp.models.drafter import (ARCHITECTURES, DFLASH_ARCH, DFlashConfig, DFlashDrafter, architecture_named,
+                                 drafter_class, load_drafter, register_drafter, save_drafter)
+from dmtp.models.drafter_factory import build_drafter
 
-ROOT = Path(__file__).resolve().parents[1]
-COMMANDS = {"dmtp.train", "dmtp.infer", "dmtp.tiny.build", "dmtp.report"}
-
-
-def imported_modules(path: Path) -> set[str]:
-    """Every module a file imports, at any depth (lazy imports inside functions included)."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return names
-
-
-def test_no_library_module_or_tool_imports_a_command():
-    files = [p for p in (ROOT / "dmtp").rglob("*.py")] + list((ROOT / "tools").glob("*.py"))
-    offenders = {str(p.relative_to(ROOT)): sorted(imported_modules(p) & COMMANDS) for p in files}
-    assert {k: v for k, v in offenders.items() if v} == {}
-
-
-@pytest.mark.parametrize("base,built_on", [("dmtp/models/drafter.py", "dmtp.models.dflash2"),
-                                           ("dmtp/models/mtp_families.py", "dmtp.models.mtp_loading"),
-                                           ("dmtp/models/target.py", "dmtp.tiny.build")])
-def test_base_module_does_not_import_what_builds_on_it(base, built_on):
-    assert built_on not in imported_modules(ROOT / base)
+SIZES = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+             head_dim=16, vocab_size=50, num_target_layers=2, target_layer_ids=[0], mask_token_id=3)
 
 
 def test_drafter_architectures_are_registered():
-    assert DRAFTER_CLASSES[DFLASH_ARCH] is DFlashDrafter and DRAFTER_CLASSES[DFLASH2_ARCH] is DFlash2Drafter
-    config = DFlashConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                          num_key_value_heads=2, head_dim=16, vocab_size=50, num_target_layers=2,
-                          target_layer_ids=[0], mask_token_id=3)
+    assert {a.name: (a.published, a.dmtp_published, a.config, a.module) for a in ARCHITECTURES.values()} == {
+        "dflash": (DFLASH_ARCH, "DMTPDraftModel", DFlashConfig, DFlashDrafter),
+        "dflash2": (DFLASH2_ARCH, "DMTPDFlash2DraftModel", DFlash2Config, DFlash2Drafter)}
+    config = DFlashConfig(**SIZES)
     assert drafter_class(config) is DFlashDrafter
-    DRAFTER_CLASSES.pop(DFLASH_ARCH)
+    saved = ARCHITECTURES.pop(DFLASH_ARCH)
     try:
         with pytest.raises(ValueError, match="no drafter class is registered for architecture 'DFlashDraftModel'"):
             drafter_class(config)
     finally:
-        DRAFTER_CLASSES[DFLASH_ARCH] = DFlashDrafter
+        ARCHITECTURES[DFLASH_ARCH] = saved
+
+
+class _Target:
+    class config:
+        hidden_size, num_attention_heads, num_key_value_heads, head_dim, vocab_size = 32, 2, 2, 16, 50
+        num_hidden_layers, intermediate_size, rms_norm_eps, max_position_embeddings = 2, 64, 1e-6, 256
+        rope_theta = 10000.0
+
+
+def test_the_factory_passes_an_architectures_options_to_its_own_config():
+    """No architecture is named in the factory: options reach the registered config class, which checks them."""
+    d2 = build_drafter(_Target, 32, 3, target_layer_ids=[0], architecture="dflash2", conv_kernel_size=3,
+                       conv_group_size=8, selector_rank=4, selector_top_k=5, selector_alpha=0.5)
+    assert type(d2) is DFlash2Drafter and (d2.config.conv_kernel_size, d2.config.selector_alpha) == (3, 0.5)
+    with pytest.raises(ValueError, match="must divide"):
+        build_drafter(_Target, 32, 3, target_layer_ids=[0], architecture="dflash2", conv_kernel_size=2,
+                      conv_group_size=5, selector_rank=4, selector_top_k=5)
+    with pytest.raises(ValueError, match="drafter architecture 'dflash' has no option conv_kernel_size "
+                                         r"\(its options: none\)"):
+        build_drafter(_Target, 32, 3, target_layer_ids=[0], architecture="dflash", conv_kernel_size=2)
+    with pytest.raises(ValueError, match="drafter architecture must be one of dflash, dflash2, got 'dflash3'"):
+        build_drafter(_Target, 32, 3, target_layer_ids=[0], architecture="dflash3")
+
+
+def test_a_new_architecture_is_one_registered_class(tmp_path):
+    """A third architecture registers in its own file; the factory builds it and save/load round-trip it by name."""
+    from dataclasses import dataclass
+
+    @dataclass
+    class WideConfig(DFlashConfig):
+        widen: int | None = None
+
+        def check_options(self):
+            if not isinstance(self.widen, int) or self.widen < 1:
+                raise ValueError(f"widen must be an integer >= 1, got {self.widen!r}")
+
+        def options_to_hf(self):
+            return {"widen": self.widen}
+
+        @classmethod
+        def options_from_hf(cls, pick):
+            return {"widen": pick("widen")}
+
+    @register_drafter(name="wide", published="WideDraftModel", dmtp_published="DMTPWideDraftModel", config=WideConfig)
+    class WideDrafter(DFlashDrafter):
+        pass
+
+    try:
+        drafter = build_drafter(_Target, 32, 3, target_layer_ids=[0], architecture="wide", widen=2)
+        assert type(drafter) is WideDrafter and architecture_named("wide").module is WideDrafter
+        save_drafter(tmp_path, drafter, dmtp_architecture=True)
+        raw = json.loads((tmp_path / "config.json").read_text())
+        assert raw["architectures"] == ["DMTPWideDraftModel"] and raw["dflash_config"]["widen"] == 2
+        loaded, _, _ = load_drafter(tmp_path)
+        assert type(loaded) is WideDrafter and loaded.config == drafter.config
+    finally:
+        ARCHITECTURES.pop("WideDraftModel")

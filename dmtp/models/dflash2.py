@@ -1,6 +1,8 @@
 """DFlash2 block drafter: DFlash plus grouped dynamic causal convolutions and a candidate-path selector.
 
-Backbone, context path, masks, block layout and checkpoint format are DFlash's (`dmtp.models.drafter`).
+Backbone, context path, masks, block layout and checkpoint format are DFlash's (`dmtp.models.drafter`);
+this file is the whole architecture: its config fields, their checks and config.json keys (`DFlash2Config`),
+its modules, and its registration (`architecture=dflash2`, published as DFlash2DraftModel).
 DFlash2 adds two things (reference/dflash.md §4):
 
 * In every layer, `attention_conv` and `mlp_conv`: a per-position, per-channel-group causal
@@ -38,13 +40,68 @@ scattered back onto the full vocabulary, for rejection sampling.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dmtp.models.drafter import (default_sampler, DFLASH2_ARCH, DFlashConfig, DFlashDrafter, DFlashLayer,
-                                  register_drafter)
+from dmtp.models.drafter import default_sampler, DFlashConfig, DFlashDrafter, DFlashLayer, register_drafter
 from dmtp.models.qwen3 import attend
+
+DFLASH2_ARCH = "DFlash2DraftModel"
+# The published config's fields (a published config must name each): conv taps and channels per group;
+# selector rank and top-K.
+SHAPE_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+# Selector training (dmtp's own; written under dflash_config, absent from published configs: defaults then).
+TRAINING_KEYS = ("selector_alpha", "selector_warmup_steps", "selector_ramp_steps", "selector_gold_outside_topk")
+
+
+@dataclass
+class DFlash2Config(DFlashConfig):
+    """DFlash2's own fields; the defaults are a fresh drafter's (conf/drafter/dflash2.yaml repeats them)."""
+    conv_kernel_size: int = 2
+    conv_group_size: int = 16
+    selector_rank: int = 32
+    selector_top_k: int = 8
+    selector_alpha: float = 1.0
+    selector_warmup_steps: int = 0
+    selector_ramp_steps: int = 0
+    selector_gold_outside_topk: str = "replace"   # "replace" | "skip"
+
+    def check_options(self) -> None:
+        missing = [k for k in SHAPE_KEYS if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"DFlash2 needs {', '.join(SHAPE_KEYS)}; missing {', '.join(missing)}")
+        for k in SHAPE_KEYS:
+            setattr(self, k, int(getattr(self, k)))
+            if getattr(self, k) < 1:
+                raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
+        if self.hidden_size % self.conv_group_size:
+            raise ValueError(f"conv_group_size {self.conv_group_size} must divide hidden_size {self.hidden_size}")
+        if self.selector_top_k > self.vocab_size:
+            raise ValueError(f"selector_top_k {self.selector_top_k} exceeds vocab_size {self.vocab_size}")
+        for k in TRAINING_KEYS:
+            if getattr(self, k) is None:   # a config.json or a Hydra option that gives null: the default
+                setattr(self, k, next(f.default for f in fields(self) if f.name == k))
+        self.selector_alpha = float(self.selector_alpha)
+        self.selector_warmup_steps = int(self.selector_warmup_steps)
+        self.selector_ramp_steps = int(self.selector_ramp_steps)
+        if self.selector_alpha < 0 or self.selector_warmup_steps < 0 or self.selector_ramp_steps < 0:
+            raise ValueError("selector_alpha, selector_warmup_steps and selector_ramp_steps must be >= 0")
+        if self.selector_gold_outside_topk not in ("replace", "skip"):
+            raise ValueError("selector_gold_outside_topk must be 'replace' or 'skip', "
+                             f"got {self.selector_gold_outside_topk!r}")
+
+    def options_to_hf(self) -> dict:
+        return {k: getattr(self, k) for k in (*SHAPE_KEYS, *TRAINING_KEYS)}
+
+    @classmethod
+    def options_from_hf(cls, pick) -> dict:
+        missing = [k for k in SHAPE_KEYS if pick(k) is None]
+        if missing:
+            raise ValueError(f"{DFLASH2_ARCH} config lacks dflash_config.{missing[0]}")
+        return {k: pick(k) for k in (*SHAPE_KEYS, *TRAINING_KEYS)}
 
 
 def causal_conv_taps(block_ids: torch.Tensor, kernel_size: int) -> torch.Tensor:
@@ -153,16 +210,21 @@ class CandidateSelector(nn.Module):
         return unary.float() + (right @ left[..., None]).squeeze(-1)
 
 
-@register_drafter(DFLASH2_ARCH)
+@register_drafter(name="dflash2", published=DFLASH2_ARCH, dmtp_published="DMTPDFlash2DraftModel",
+                  config=DFlash2Config)
 class DFlash2Drafter(DFlashDrafter):
     """DFlash2: DFlash2Layers (convolutions) and a candidate selector; same inputs, outputs and layout."""
 
     auxiliary_loss_name = "selector_loss"
+    tensor_prefixes = (*DFlashDrafter.tensor_prefixes, "candidate_selector.")
+    # The published names of the selector's codebooks are bare parameters; the reference package keeps them
+    # in nn.Embedding modules, so its `save_pretrained` writes them with a `.weight` suffix.
+    stored_aliases = {f"candidate_selector.{n}_codebook.weight": f"candidate_selector.{n}_codebook"
+                      for n in ("predecessor", "successor")}
 
-    def __init__(self, config: DFlashConfig):
-        if config.architecture != DFLASH2_ARCH:
-            raise ValueError("DFlash2Drafter needs conv_kernel_size, conv_group_size, selector_rank and "
-                             "selector_top_k in its config")
+    def __init__(self, config: DFlash2Config):
+        if not isinstance(config, DFlash2Config):
+            raise ValueError(f"DFlash2Drafter needs a DFlash2Config, got {type(config).__name__}")
         super().__init__(config)
         c = config
         self.candidate_selector = CandidateSelector(c.vocab_size, c.selector_rank, c.hidden_size)
@@ -248,4 +310,5 @@ class DFlash2Drafter(DFlashDrafter):
         return torch.stack(tokens, dim=-1), q
 
 
-__all__ = ["CandidateSelector", "DFlash2Drafter", "DFlash2Layer", "GroupedDynamicCausalConv", "causal_conv_taps"]
+__all__ = ["CandidateSelector", "DFLASH2_ARCH", "DFlash2Config", "DFlash2Drafter", "DFlash2Layer",
+           "GroupedDynamicCausalConv", "causal_conv_taps"]

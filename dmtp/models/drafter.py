@@ -14,15 +14,21 @@ each with its own anchor) and decoding (one block): a block query sees
 Blocks never see each other, so running N blocks in one call equals N calls with one block each.
 
 Parameter names equal the published DFlash tensor names, so `state_dict()` keys are the checkpoint keys.
-DFlash2 (`dmtp.models.dflash2`) subclasses the drafter and registers itself in `DRAFTER_CLASSES`;
-`save_drafter`/`load_drafter` handle every registered architecture, and the
-generic hooks `auxiliary_loss` and `propose` let callers treat every drafter alike.
+
+A drafter architecture is one registered file, as an injection variant is: its module class carries
+`@register_drafter(name=..., published=..., dmtp_published=..., config=...)`, and its config class (a
+`DFlashConfig` subclass) holds the architecture's own fields, their checks (`check_options`) and their
+config.json keys (`options_to_hf` / `options_from_hf`). DFlash v1 registers here; DFlash2 in
+`dmtp.models.dflash2`. Everything else reads `ARCHITECTURES`: the factory (`architecture=<name>`), and
+`save_drafter`/`load_drafter` (the class of a config.json's `architectures`); the generic hooks
+`auxiliary_loss` and `propose` let callers treat every drafter alike.
 """
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -39,26 +45,7 @@ from dmtp.models.temperature import scale_logits
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
-_DRAFTER_PREFIXES = ("fc.", "hidden_norm.", "norm.", "layers.", "candidate_selector.")
-# The published DFlash2 names of the selector's codebooks are bare parameters; the reference package
-# keeps them in nn.Embedding modules, so its `save_pretrained` writes them with a `.weight` suffix.
-_ALIASES = {f"candidate_selector.{n}_codebook.weight": f"candidate_selector.{n}_codebook" for n in ("predecessor", "successor")}
-DFLASH_ARCH, DFLASH2_ARCH = "DFlashDraftModel", "DFlash2DraftModel"
-# A DMTP export (the backbone fed by an injection that needs the target's MTP) is a different model:
-# it is named apart, so no engine runs it as the published drafter it is not (vLLM would refuse its
-# `dmtp_injection.*` tensors; a laxer loader would run it silently as raw DFlash). Its backbone's
-# published name follows from this map; the tensors under the published names are unchanged.
-DMTP_ARCHITECTURES = {DFLASH_ARCH: "DMTPDraftModel", DFLASH2_ARCH: "DMTPDFlash2DraftModel"}
-_BACKBONE_OF = {dmtp: published for published, dmtp in DMTP_ARCHITECTURES.items()}
-
-
-def backbone_architecture(name: str) -> str:
-    """The published backbone architecture of a config.json `architectures` entry (itself for those)."""
-    return _BACKBONE_OF.get(name, name)
-_DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
-# DFlash2 training options (dmtp's own; written under dflash_config, absent from published configs).
-_SELECTOR_TRAINING_DEFAULTS = {"selector_alpha": 1.0, "selector_warmup_steps": 0, "selector_ramp_steps": 0,
-                               "selector_gold_outside_topk": "replace"}
+DFLASH_ARCH = "DFlashDraftModel"
 
 
 # The block widths the code honours: B = 2 (one candidate) up to 32 slots (K = B - 1 candidates verified
@@ -98,16 +85,8 @@ class DFlashConfig:
     output_multiplier: float = 1.0
     final_logit_softcapping: float = 0.0
     input_embedding_scale: float = 1.0
-    # DFlash2 only (all None for DFlash v1): conv taps and channels per group; selector rank and top-K.
-    conv_kernel_size: int | None = None
-    conv_group_size: int | None = None
-    selector_rank: int | None = None
-    selector_top_k: int | None = None
-    # DFlash2 selector training (None for v1; defaults filled in for DFlash2).
-    selector_alpha: float | None = None
-    selector_warmup_steps: int | None = None
-    selector_ramp_steps: int | None = None
-    selector_gold_outside_topk: str | None = None  # "replace" | "skip"
+    # The published architecture name (config.json `architectures`); set by `register_drafter`.
+    architecture: ClassVar[str] = DFLASH_ARCH
 
     def __post_init__(self):
         require_block_size(self.block_size, "drafter block_size")
@@ -123,42 +102,26 @@ class DFlashConfig:
             raise ValueError(f"layer_types must be '{FULL}' or '{SLIDING}', got {self.layer_types}")
         if any(not 0 <= i < self.num_target_layers for i in self.target_layer_ids):
             raise ValueError(f"target_layer_ids {self.target_layer_ids} out of range for {self.num_target_layers} target layers")
-        self._check_dflash2()
+        self.check_options()
 
-    @property
-    def architecture(self) -> str:
-        """The published architecture name: DFlash2 when its fields are set."""
-        return DFLASH2_ARCH if self.conv_kernel_size is not None else DFLASH_ARCH
+    # -- an architecture's own fields (none for DFlash v1): a subclass overrides these three --------------
+    def check_options(self) -> None:
+        """Check (and normalise) the architecture's own fields; one line per problem."""
 
-    def _check_dflash2(self) -> None:
-        given = [k for k in _DFLASH2_KEYS if getattr(self, k) is not None]
-        if not given:
-            extra = [k for k in _SELECTOR_TRAINING_DEFAULTS if getattr(self, k) is not None]
-            if extra:
-                raise ValueError(f"{extra[0]} is a DFlash2 option, but the DFlash2 fields {_DFLASH2_KEYS} are unset")
-            return
-        if len(given) != len(_DFLASH2_KEYS):
-            missing = [k for k in _DFLASH2_KEYS if k not in given]
-            raise ValueError(f"DFlash2 needs {', '.join(_DFLASH2_KEYS)}; missing {', '.join(missing)}")
-        for k in _DFLASH2_KEYS:
-            setattr(self, k, int(getattr(self, k)))
-            if getattr(self, k) < 1:
-                raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
-        if self.hidden_size % self.conv_group_size:
-            raise ValueError(f"conv_group_size {self.conv_group_size} must divide hidden_size {self.hidden_size}")
-        if self.selector_top_k > self.vocab_size:
-            raise ValueError(f"selector_top_k {self.selector_top_k} exceeds vocab_size {self.vocab_size}")
-        for k, default in _SELECTOR_TRAINING_DEFAULTS.items():
-            if getattr(self, k) is None:
-                setattr(self, k, default)
-        self.selector_alpha = float(self.selector_alpha)
-        self.selector_warmup_steps = int(self.selector_warmup_steps)
-        self.selector_ramp_steps = int(self.selector_ramp_steps)
-        if self.selector_alpha < 0 or self.selector_warmup_steps < 0 or self.selector_ramp_steps < 0:
-            raise ValueError("selector_alpha, selector_warmup_steps and selector_ramp_steps must be >= 0")
-        if self.selector_gold_outside_topk not in ("replace", "skip"):
-            raise ValueError("selector_gold_outside_topk must be 'replace' or 'skip', "
-                             f"got {self.selector_gold_outside_topk!r}")
+    def options_to_hf(self) -> dict:
+        """The architecture's own fields as written under config.json's `dflash_config`."""
+        return {}
+
+    @classmethod
+    def options_from_hf(cls, pick) -> dict:
+        """The architecture's own fields from a config.json; `pick(key)` reads `dflash_config`, then the top level."""
+        return {}
+
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        """The architecture's own fields (those a DFlash v1 config does not have)."""
+        common = {f.name for f in fields(DFlashConfig)}
+        return tuple(f.name for f in fields(cls) if f.name not in common)
 
     @property
     def default_context_dim(self) -> int:
@@ -181,8 +144,7 @@ class DFlashConfig:
         }
         if self.context_dim != self.default_context_dim:
             dflash["context_dim"] = self.context_dim
-        if self.architecture == DFLASH2_ARCH:
-            dflash.update({k: getattr(self, k) for k in (*_DFLASH2_KEYS, *_SELECTOR_TRAINING_DEFAULTS)})
+        dflash.update(self.options_to_hf())
         d = {
             "architectures": [self.architecture], "model_type": "qwen3",
             "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
@@ -203,7 +165,8 @@ class DFlashConfig:
     @classmethod
     def from_hf_config(cls, d: dict) -> "DFlashConfig":
         """Reads the published layout (`dflash_config` sub-dict) or the older one with block_size,
-        mask_token_id and target_layer_ids at top level. Missing block_size falls back to 16 (as Z2)."""
+        mask_token_id and target_layer_ids at top level. Missing block_size falls back to 16 (as Z2).
+        The config class is the registered one of `architectures` (DFlash v1 for any other name)."""
         sub = d.get("dflash_config") or {}
 
         def pick(key, default=None):
@@ -221,13 +184,8 @@ class DFlashConfig:
         mask_id = pick("mask_token_id")
         if mask_id is None:
             raise ValueError("config has no mask_token_id (top level or dflash_config)")
-        dflash2 = {}
-        if DFLASH2_ARCH in [backbone_architecture(a) for a in d.get("architectures") or []]:
-            missing = [k for k in _DFLASH2_KEYS if pick(k) is None]
-            if missing:
-                raise ValueError(f"{DFLASH2_ARCH} config lacks dflash_config.{missing[0]}")
-            dflash2 = {k: pick(k) for k in (*_DFLASH2_KEYS, *_SELECTOR_TRAINING_DEFAULTS)}
-        return cls(
+        config_class = architecture_of_names(d.get("architectures") or []).config
+        return config_class(
             hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"], num_hidden_layers=n_layers,
             num_attention_heads=d["num_attention_heads"],
             num_key_value_heads=d.get("num_key_value_heads", d["num_attention_heads"]),
@@ -239,7 +197,7 @@ class DFlashConfig:
             sliding_window=d.get("sliding_window"), is_causal=d.get("is_causal"),
             output_multiplier=float(pick("output_multiplier", 1.0)),
             final_logit_softcapping=float(pick("final_logit_softcapping", 0.0) or 0.0),
-            input_embedding_scale=float(pick("input_embedding_scale", 1.0)), **dflash2,
+            input_embedding_scale=float(pick("input_embedding_scale", 1.0)), **config_class.options_from_hf(pick),
         )
 
 
@@ -294,6 +252,11 @@ class DFlashLayer(Qwen3DecoderLayer):
 
 class DFlashDrafter(nn.Module):
     """fc + hidden_norm over target taps, `num_hidden_layers` DFlashLayers, final norm (no embedding/LM head)."""
+
+    # The checkpoint names this architecture owns (a tensor under them that it lacks is an error, not an
+    # extra), and stored names it reads under its own (another writer's spelling of the same tensor).
+    tensor_prefixes: ClassVar[tuple[str, ...]] = ("fc.", "hidden_norm.", "norm.", "layers.")
+    stored_aliases: ClassVar[dict[str, str]] = {}
 
     def __init__(self, config: DFlashConfig):
         super().__init__()
@@ -398,26 +361,80 @@ def default_sampler(temperature: float = 0.0, generator: torch.Generator | None 
     return pick
 
 
-# Published architecture name -> module class. Subclasses register themselves (`register_drafter`) when
-# their module is imported; dmtp.models' __init__ imports every shipped one, so this module never
-# imports its subclasses.
-DRAFTER_CLASSES: dict[str, type[DFlashDrafter]] = {DFLASH_ARCH: DFlashDrafter}
+@dataclass(frozen=True)
+class DrafterArchitecture:
+    name: str                     # conf/drafter `architecture=<name>`
+    published: str                # config.json `architectures` of the backbone as published
+    # A DMTP export (the backbone fed by an injection that needs the target's MTP) is a different model:
+    # it is named apart, so no engine runs it as the published drafter it is not (vLLM would refuse its
+    # `dmtp_injection.*` tensors; a laxer loader would run it silently as raw DFlash). The tensors under
+    # the published names are unchanged.
+    dmtp_published: str
+    config: type[DFlashConfig]
+    module: type[DFlashDrafter]
 
 
-def register_drafter(architecture: str):
-    """Class decorator: `architecture` (config.json's `architectures`) is built by the decorated class."""
+# Published architecture name -> its registration. Architectures register themselves (`register_drafter`)
+# when their module is imported; dmtp.models' __init__ imports every shipped one, so this module never
+# imports them.
+ARCHITECTURES: dict[str, DrafterArchitecture] = {}
+
+
+def register_drafter(*, name: str, published: str, dmtp_published: str, config: type[DFlashConfig]):
+    """Class decorator: the decorated drafter class builds `published` (config.json's `architectures`, or
+    `dmtp_published` for a DMTP export) and `architecture=<name>` of conf/drafter, from `config`."""
     def register(cls: type[DFlashDrafter]) -> type[DFlashDrafter]:
-        DRAFTER_CLASSES[architecture] = cls
+        taken = [a for a in ARCHITECTURES.values() if a.module is not cls and
+                 ({a.name, a.published, a.dmtp_published} & {name, published, dmtp_published})]
+        if taken:
+            raise ValueError(f"drafter architecture {name!r} ({published}) clashes with {taken[0].name!r}")
+        config.architecture = published
+        ARCHITECTURES[published] = DrafterArchitecture(name, published, dmtp_published, config, cls)
         return cls
     return register
 
 
+def architecture_named(name: str) -> DrafterArchitecture:
+    """The registration of conf/drafter's `architecture=<name>`, or one line listing the known ones."""
+    for arch in ARCHITECTURES.values():
+        if arch.name == name:
+            return arch
+    known = ", ".join(sorted(a.name for a in ARCHITECTURES.values()))
+    raise ValueError(f"drafter architecture must be one of {known}, got {name!r}")
+
+
+def backbone_architecture(name: str) -> str:
+    """The published backbone architecture of a config.json `architectures` entry (itself for those)."""
+    return next((a.published for a in ARCHITECTURES.values() if a.dmtp_published == name), name)
+
+
+def architecture_of_names(names: list[str]) -> DrafterArchitecture:
+    """The registration a config.json's `architectures` names (published or DMTP name); DFlash v1 for others."""
+    for name in names:
+        if backbone_architecture(name) in ARCHITECTURES:
+            return ARCHITECTURES[backbone_architecture(name)]
+    return ARCHITECTURES[DFLASH_ARCH]
+
+
 def drafter_class(config: DFlashConfig) -> type[DFlashDrafter]:
-    """The module class of a config's architecture (DFlash v1 or DFlash2)."""
-    if config.architecture not in DRAFTER_CLASSES:
+    """The module class of a config's architecture."""
+    if config.architecture not in ARCHITECTURES:
         raise ValueError(f"no drafter class is registered for architecture {config.architecture!r} "
-                         f"(registered: {', '.join(DRAFTER_CLASSES)})")
-    return DRAFTER_CLASSES[config.architecture]
+                         f"(registered: {', '.join(ARCHITECTURES)})")
+    return ARCHITECTURES[config.architecture].module
+
+
+def _owned_prefixes() -> tuple[str, ...]:
+    """Every registered architecture's tensor names: none of them may be an extra tensor."""
+    return tuple(dict.fromkeys(p for a in ARCHITECTURES.values() for p in a.module.tensor_prefixes))
+
+
+def _stored_aliases() -> dict[str, str]:
+    return {k: v for a in ARCHITECTURES.values() for k, v in a.module.stored_aliases.items()}
+
+
+register_drafter(name="dflash", published=DFLASH_ARCH, dmtp_published="DMTPDraftModel", config=DFlashConfig)(
+    DFlashDrafter)
 
 
 def build_drafter_from_config(config: DFlashConfig) -> DFlashDrafter:
@@ -428,19 +445,19 @@ def save_drafter(path, drafter: DFlashDrafter, extra_tensors: dict[str, torch.Te
                  extra_config: dict | None = None, dmtp_architecture: bool = False) -> None:
     """Writes `config.json` (published layout; `extra_config` under "dmtp") and `model.safetensors`
     (drafter tensors under their published names, `extra_tensors` under their own keys).
-    `dmtp_architecture`: name the export by its DMTP architecture (`DMTP_ARCHITECTURES`), not the
+    `dmtp_architecture`: name the export by its DMTP architecture (`dmtp_published`), not the
     backbone's published one."""
     extra_tensors = extra_tensors or {}
-    bad = [k for k in extra_tensors if k.startswith(_DRAFTER_PREFIXES)]
+    bad = [k for k in extra_tensors if k.startswith(_owned_prefixes())]
     if bad:
-        raise ValueError(f"extra tensor key {bad[0]!r} collides with drafter names {_DRAFTER_PREFIXES}; prefix it")
+        raise ValueError(f"extra tensor key {bad[0]!r} collides with drafter names {_owned_prefixes()}; prefix it")
     tensors = {k: v.detach().cpu().contiguous() for k, v in drafter.state_dict().items()}
     tensors.update({k: v.detach().cpu().contiguous() for k, v in extra_tensors.items()})
     require_finite(tensors, f"refusing to export the drafter to {path}")
     os.makedirs(path, exist_ok=True)
     cfg = drafter.config.to_hf_config()
     if dmtp_architecture:
-        cfg["architectures"] = [DMTP_ARCHITECTURES[drafter.config.architecture]]
+        cfg["architectures"] = [ARCHITECTURES[drafter.config.architecture].dmtp_published]
     if extra_config is not None:
         cfg["dmtp"] = extra_config
     # Each file replaced whole (a kill leaves the previous export's file); the weights first, so that a
@@ -461,7 +478,7 @@ def read_drafter_config(path) -> dict:
 
 def load_drafter(path, dtype: torch.dtype = torch.float32):
     """Returns (drafter, extra_tensors, extra_config). config.json's `architectures` picks the class
-    (DFlashDraftModel or DFlash2DraftModel, or their DMTP names; anything else loads as DFlash v1). Strict on drafter tensors:
+    (a registered architecture's published or DMTP name; anything else loads as DFlash v1). Strict on drafter tensors:
     a missing, unexpected (under fc./hidden_norm./norm./layers./candidate_selector.) or mis-shaped tensor
     raises ValueError. Other keys are extras. Checkpoints written by the reference package's classes load
     too (their codebook names carry `.weight`)."""
@@ -483,6 +500,7 @@ def load_drafter(path, dtype: torch.dtype = torch.float32):
         drafter = drafter_class(config)(config)
     expected = {k: v.shape for k, v in drafter.state_dict().items()}
     state, extras = {}, {}
+    aliases, owned = _stored_aliases(), _owned_prefixes()
     try:
         weights = safe_open(w_path, framework="pt")
     except SafetensorError as e:
@@ -490,7 +508,7 @@ def load_drafter(path, dtype: torch.dtype = torch.float32):
     with weights as f:
         keys = list(f.keys())
         for stored in keys:
-            k = _ALIASES.get(stored, stored)
+            k = aliases.get(stored, stored)
             if k in expected:
                 if k in state:
                     raise ValueError(f"{w_path}: tensor {k} is stored twice (also as {stored})")
@@ -498,7 +516,7 @@ def load_drafter(path, dtype: torch.dtype = torch.float32):
                 if tuple(t.shape) != tuple(expected[k]):
                     raise ValueError(f"{w_path}: tensor {k} has shape {tuple(t.shape)}, expected {tuple(expected[k])}")
                 state[k] = t.to(dtype)
-            elif k.startswith(_DRAFTER_PREFIXES):
+            elif k.startswith(owned):
                 raise ValueError(f"{w_path}: unexpected drafter tensor {k}")
             else:
                 extras[k] = f.get_tensor(stored)
@@ -511,7 +529,8 @@ def load_drafter(path, dtype: torch.dtype = torch.float32):
 
 
 __all__ = ["BLOCK_SIZE_RANGE", "require_block_size",
-           "DFlashConfig", "DFlashDrafter", "DFlashLayer", "DFLASH_ARCH", "DFLASH2_ARCH", "DMTP_ARCHITECTURES",
-           "backbone_architecture", "build_target_layer_ids",
-           "dflash_attention_mask", "DRAFTER_CLASSES", "register_drafter", "drafter_class", "build_drafter_from_config", "save_drafter", "load_drafter",
+           "DFlashConfig", "DFlashDrafter", "DFlashLayer", "DFLASH_ARCH", "ARCHITECTURES", "DrafterArchitecture",
+           "architecture_named", "architecture_of_names", "backbone_architecture", "build_target_layer_ids",
+           "dflash_attention_mask", "register_drafter", "drafter_class", "build_drafter_from_config", "save_drafter",
+           "load_drafter",
            "read_drafter_config"]

@@ -1,11 +1,9 @@
-"""Build a fresh DFlash or DFlash2 backbone sized to a target (`dmtp.block_drafter.build_block_drafter` pairs it
-with its injection; conf/drafter/*.yaml configure both)."""
+"""Build a fresh drafter backbone of any registered architecture sized to a target
+(`dmtp.block_drafter.build_block_drafter` pairs it with its injection; conf/drafter/*.yaml configure both)."""
 from __future__ import annotations
 
-from dmtp.models.drafter import DFlashConfig, DFlashDrafter, build_drafter_from_config, build_target_layer_ids
+from dmtp.models.drafter import architecture_named, build_drafter_from_config, build_target_layer_ids, DFlashDrafter
 from dmtp.models.rope_config import rope_theta
-
-ARCHITECTURES = ("dflash", "dflash2")
 
 
 def mask_token_id_of(tokenizer, vocab_size: int) -> int:
@@ -22,29 +20,24 @@ def build_drafter(target, context_dim: int, mask_token_id: int, num_layers: int 
                   block_size: int = 8, layer_types: list[str] | None = None, sliding_window: int | None = None,
                   is_causal: bool | None = None, intermediate_size: int | None = None,
                   architecture: str = "dflash", output_multiplier: float = 1.0, final_logit_softcapping: float = 0.0,
-                  conv_kernel_size: int = 2, conv_group_size: int = 16, selector_rank: int = 32,
-                  selector_top_k: int = 8, selector_alpha: float = 1.0, selector_warmup_steps: int = 0,
-                  selector_ramp_steps: int = 0, selector_gold_outside_topk: str = "replace",
-                  init_from_target_layers: bool = False) -> DFlashDrafter:
+                  init_from_target_layers: bool = False, **architecture_options) -> DFlashDrafter:
     """Same width and heads as the target (its embedding and LM head are reused); `num_layers` deep.
-    `architecture` dflash | dflash2; the conv_*/selector_* options apply to dflash2 only.
-    `init_from_target_layers`: start each draft layer from one of the target's last `num_layers`
-    decoder layers (same names and shapes; the context path starts fresh)."""
-    if architecture not in ARCHITECTURES:
-        raise ValueError(f"drafter architecture must be one of {', '.join(ARCHITECTURES)}, got {architecture!r}")
-    dflash2 = {}
-    if architecture == "dflash2":
-        dflash2 = dict(conv_kernel_size=conv_kernel_size, conv_group_size=conv_group_size, selector_rank=selector_rank,
-                       selector_top_k=selector_top_k, selector_alpha=selector_alpha,
-                       selector_warmup_steps=selector_warmup_steps, selector_ramp_steps=selector_ramp_steps,
-                       selector_gold_outside_topk=selector_gold_outside_topk)
+    `architecture`: a registered drafter architecture's name (dmtp.models.drafter.ARCHITECTURES);
+    `architecture_options`: its own config fields (e.g. DFlash2's conv_*/selector_*), which its config
+    class checks. `init_from_target_layers`: start each draft layer from one of the target's last
+    `num_layers` decoder layers (same names and shapes; the context path starts fresh)."""
+    arch = architecture_named(architecture)
+    unknown = sorted(set(architecture_options) - set(arch.config.option_names()))
+    if unknown:
+        own = ", ".join(arch.config.option_names()) or "none"
+        raise ValueError(f"drafter architecture {architecture!r} has no option {unknown[0]} (its options: {own})")
     cfg = target.config
     n_target = cfg.num_hidden_layers
     target_layer_ids = target_layer_ids_for(target, target_layer_ids, num_target_features)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     # MoE targets have no dense intermediate size; the drafter's MLP stays dense, 3x the width.
     intermediate_size = intermediate_size or getattr(cfg, "intermediate_size", None) or 3 * cfg.hidden_size
-    config = DFlashConfig(
+    config = arch.config(
         hidden_size=cfg.hidden_size, intermediate_size=intermediate_size,
         num_hidden_layers=num_layers, num_attention_heads=cfg.num_attention_heads,
         num_key_value_heads=cfg.num_key_value_heads, head_dim=head_dim, vocab_size=cfg.vocab_size,
@@ -53,7 +46,7 @@ def build_drafter(target, context_dim: int, mask_token_id: int, num_layers: int 
         rope_theta=rope_theta(cfg),
         max_position_embeddings=cfg.max_position_embeddings, layer_types=layer_types,
         sliding_window=sliding_window, is_causal=is_causal, output_multiplier=float(output_multiplier),
-        final_logit_softcapping=float(final_logit_softcapping or 0.0), **dflash2)
+        final_logit_softcapping=float(final_logit_softcapping or 0.0), **architecture_options)
     drafter = build_drafter_from_config(config)
     if init_from_target_layers:
         copy_target_layers_(drafter, target)

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from dmtp.cli import reason
+from dmtp.errors import reason
 
 SAFE_WEIGHTS_NAMES = ("model.safetensors", "model.safetensors.index.json")   # what transformers reads then
 

@@ -123,15 +123,3 @@ def _quiet_transformers():
 
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
     return AutoTokenizer.from_pretrained(resolve_target_path(path), trust_remote_code=trust_remote_code)
-
-
-def load_target(path: str | None = None, preset: str = "tiny", dtype: str = "float32", device: str = "cpu",
-                trust_remote_code: bool = False, attn_implementation: str | None = "sdpa") -> TargetModel:
-    """Hydra entry point: a checkpoint path, or (path=None) the embedded tiny target of `preset`,
-    built on first use and cached."""
-    if path is None:
-        from dmtp.tiny.targets import ensure_tiny_target
-
-        path = str(ensure_tiny_target(preset))
-    return TargetModel.from_pretrained(path, dtype=getattr(torch, dtype), device=device,
-                                       trust_remote_code=trust_remote_code, attn_implementation=attn_implementation)

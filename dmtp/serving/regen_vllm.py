@@ -1,6 +1,6 @@
 """The target writes its training data through vLLM (`data.regen_engine=vllm`).
 
-`VLLMWriter` is the writer `dmtp.data.regenerate` asks for when `RegenSettings.engine == "vllm"`: the
+`VLLMWriter` is the writer `dmtp.training.regenerate` asks for when `RegenSettings.engine == "vllm"`: the
 same `generate(prompts, max_new_tokens, sampling, batch_size, seed) -> .tokens` as dmtp's own
 `SpecDecoder`, so the shards, their cache key and their resumption are regenerate's, unchanged.
 vLLM's offline batch API (`LLM.generate` on token-id prompts) does the decoding, with continuous

@@ -17,7 +17,7 @@ import json
 import os
 from pathlib import Path
 
-from dmtp.cli import environment_faults_one_line, one_line_errors
+from dmtp.cli import one_line_errors
 from dmtp.threads import claim_process
 from dmtp.tiny.presets import PRESETS
 
@@ -35,7 +35,7 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", default=os.environ.get("DMTP_THREADS", "auto"),
                         help="CPU threads: auto (default; dmtp.threads) or N; default from $DMTP_THREADS")
     args = parser.parse_args(argv)
-    with environment_faults_one_line(PROG), one_line_errors(PROG):
+    with one_line_errors(PROG):
         from dmtp.threads import apply_threads
 
         print(apply_threads(args.threads))

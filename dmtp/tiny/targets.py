@@ -29,6 +29,7 @@ from dmtp.data.corpora import DOMAINS, texts
 from dmtp.models.mtp import NativeMTP
 from dmtp.models.mtp_loading import MTP_FILE_NAME
 from dmtp.models.safe_weights import SAFE_WEIGHTS_NAMES
+from dmtp.models.target import TargetModel
 from dmtp.paths import targets_dir
 from dmtp.tiny.architectures import build_model
 from dmtp.tiny.presets import TinyPreset, get_preset
@@ -54,6 +55,16 @@ def ensure_tiny_target(preset: str = "tiny", out_dir: str | Path | None = None, 
     if (path / "build_report.json").exists():
         return path
     return build_tiny_target(preset, path, progress=progress, keep_existing=True)
+
+
+def load_target(path: str | None = None, preset: str = "tiny", dtype: str = "float32", device: str = "cpu",
+                trust_remote_code: bool = False, attn_implementation: str | None = "sdpa") -> TargetModel:
+    """Hydra entry point (conf/target): a checkpoint path, or (path=None) the embedded tiny target of `preset`,
+    built on first use and cached. It lives here, above dmtp.models, so the runtime never imports its builder."""
+    if path is None:
+        path = str(ensure_tiny_target(preset))
+    return TargetModel.from_pretrained(path, dtype=getattr(torch, dtype), device=device,
+                                       trust_remote_code=trust_remote_code, attn_implementation=attn_implementation)
 
 
 def _tokenizer_sample(docs: dict[str, list[str]], chars: int, seed: int) -> list[str]:

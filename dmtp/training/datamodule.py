@@ -16,11 +16,11 @@ import torch
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, Dataset
 
-from dmtp.cli import reason
+from dmtp.errors import reason
 from dmtp.data.corpora import DOMAINS, texts
 from dmtp.data.prompts import held_out_prompts
 from dmtp.data.records import encode_record
-from dmtp.data.regenerate import RegenSettings, regenerate
+from dmtp.training.regenerate import RegenSettings, regenerate
 from dmtp.training.sampler import ResumableLoader, ResumableSampler
 
 
@@ -134,7 +134,7 @@ class DraftDataModule(L.LightningDataModule):
         self.regen_prompt_len, self.regen_new_tokens, self.regen_sequences = regen_prompt_len, regen_new_tokens, regen_sequences
         self.regen_temperature, self.regen_top_k, self.regen_top_p = regen_temperature, regen_top_k, regen_top_p
         self.regen_batch_size = regen_batch_size
-        # Which engine writes the training responses (dmtp.data.regenerate.REGEN_ENGINES) and vLLM's own options.
+        # Which engine writes the training responses (dmtp.training.regenerate.REGEN_ENGINES) and vLLM's own options.
         self.regen_engine = regen_engine
         self.vllm_engine_args = (OmegaConf.to_container(vllm_engine_args, resolve=True) if OmegaConf.is_config(vllm_engine_args)
                                  else dict(vllm_engine_args or {}))
@@ -162,7 +162,7 @@ class DraftDataModule(L.LightningDataModule):
         return [encode_record(self.tokenizer, r, self.text_key) for r in records]
 
     def _regenerated_rows(self) -> list[dict]:
-        """DFlash/SpecForge recipe: the target writes the responses (`dmtp.data.regenerate`, the project's
+        """DFlash/SpecForge recipe: the target writes the responses (`dmtp.training.regenerate`, the project's
         own batched decoding, cached and resumable) to prompts taken at paragraph starts spread over the
         training split of each domain; the loss covers the response only. Labels are its own outputs."""
         p, new = self.regen_prompt_len, self.regen_new_tokens

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from dmtp.atomic_io import write_json
 from dmtp.block_drafter import BlockDrafter
 from dmtp.configs import instantiate
-from dmtp.models.drafter import DFLASH_ARCH, load_drafter
+from dmtp.models.drafter import ARCHITECTURES, DFLASH_ARCH, load_drafter
 from dmtp.models.drafter_factory import mask_token_id_of
 from dmtp.models.drafter_fit import require_target_fit
 from dmtp.models.mtp_loading import MTPLoadError, load_native_mtp
@@ -56,7 +56,7 @@ _LENGTH_AT_LEAST = re.compile(r"P\(L>=([0-9]+)\)")   # "P(L>=k)" -> "p_len_ge_k"
 
 def flat_metrics(cfg: DictConfig, summary: dict) -> dict:
     """One flat record per job for sweep aggregation: identity + exact walk acceptance per domain."""
-    arch = "" if summary["drafter_arch"] == DFLASH_ARCH else "+dflash2"
+    arch = "" if summary["drafter_arch"] == DFLASH_ARCH else "+" + ARCHITECTURES[summary["drafter_arch"]].name
     out = {"method": summary["injection"] + arch, "injection": summary["injection"],
            "drafter_arch": summary["drafter_arch"], "seed": cfg.seed, "global_step": summary["global_step"]}
     for key, value in summary.items():

@@ -1,5 +1,6 @@
 """Where a training run lives and how it continues: one directory per run, resumed in place.
 
+- Where a run's checkpoints are and which directory a resume continues in: dmtp.run_dirs.
 - A run directory belongs to one run. `claim_run_dir` marks it atomically when the run starts, so a
   second run pointed at the same directory fails up front instead of replacing the first one's
   checkpoints and drafter (default directories are unique anyway: see `dmtp.resolvers`).
@@ -21,33 +22,17 @@ from pathlib import Path
 import torch
 
 from dmtp.atomic_io import remove_stale_temporaries
-from dmtp.cli import reason
+from dmtp.errors import reason
+from dmtp.run_dirs import CHECKPOINTS, checkpoints_newest_first, resumed_run_dir
 
 RUN_MARKER = ".dmtp-run"      # written once, atomically, by the run that owns the directory
-CHECKPOINTS = "checkpoints"   # <run>/checkpoints/*.ckpt (conf/callbacks/default.yaml)
-
-
-def run_dir_of(ckpt: str | Path) -> Path | None:
-    """The run a checkpoint belongs to: `<run>/checkpoints/<file>.ckpt` -> `<run>`; else None."""
-    ckpt = Path(ckpt).expanduser().absolute()
-    return ckpt.parent.parent if ckpt.parent.name == CHECKPOINTS else None
-
-
-def _checkpoints_newest_first(run_dir: Path) -> list[Path]:
-    """`<run>/checkpoints/*.ckpt`, the most recently written first (`last.ckpt` first on a tie: ModelCheckpoint
-    writes it right after the step's own file)."""
-    folder = run_dir / CHECKPOINTS
-    found = list(folder.glob("*.ckpt")) if folder.is_dir() else []
-    if not found:
-        raise FileNotFoundError(f"resume={run_dir}: no checkpoint under {folder} (nothing to resume)")
-    return sorted(found, key=lambda p: (p.stat().st_mtime_ns, p.name == "last.ckpt"), reverse=True)
 
 
 def newest_loadable_checkpoint(run_dir: str | Path) -> Path:
     """The newest checkpoint of the run that loads; the newer ones that do not are named in one line."""
     run_dir = Path(run_dir)
     skipped = []
-    for ckpt in _checkpoints_newest_first(run_dir):
+    for ckpt in checkpoints_newest_first(run_dir):
         try:
             _load(ckpt)
         except UnreadableCheckpoint as e:
@@ -67,37 +52,6 @@ def resume_plan(resume: str | None, ckpt_path: str | None) -> tuple[Path | None,
     if ckpt_path:
         return Path(ckpt_path).expanduser(), run_dir
     return None, None
-
-
-def resumed_run_dir(resume: str | None, ckpt_path: str | None) -> Path | None:
-    """The run directory a resume continues in (None for a fresh run), checked without loading anything."""
-    if resume and ckpt_path:
-        raise ValueError(f"give resume=<run dir> or ckpt_path=<file>, not both (resume={resume}, "
-                         f"ckpt_path={ckpt_path})")
-    if resume:
-        run_dir = Path(resume).expanduser().absolute()
-        if not run_dir.is_dir():
-            raise FileNotFoundError(f"resume={resume}: no such run directory")
-        _checkpoints_newest_first(run_dir)
-        return run_dir
-    if ckpt_path:
-        ckpt = Path(ckpt_path).expanduser()
-        if not ckpt.is_file():
-            # Lightning would silently start from scratch on a missing "last" checkpoint.
-            raise FileNotFoundError(f"ckpt_path {ckpt_path} does not exist: nothing to resume (resume=<run dir> "
-                                    "finds a run's newest checkpoint)")
-        return run_dir_of(ckpt)
-    return None
-
-
-def hydra_run_dir(resume, ckpt_path, default: str) -> str:
-    """`hydra.run.dir` (resolver `dmtp_run_dir`): the resumed run's directory, else `default`. Never
-    raises: a bad resume/ckpt_path is reported by `train` as one line, not by Hydra as a traceback."""
-    try:
-        run_dir = resumed_run_dir(resume, ckpt_path)
-    except (ValueError, OSError):
-        return default
-    return str(run_dir) if run_dir else default
 
 
 def claim_run_dir(run_dir: str | Path, resuming: bool) -> None:

@@ -19,6 +19,9 @@ import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
 RECORD_KEY = "dmtp_config"
+# Hydra entry points that moved since a run may have recorded them: old name -> new name, so an older run
+# resumes (and compares equal to today's config) after the move.
+MOVED_TARGETS = {"dmtp.models.target.load_target": "dmtp.tiny.targets.load_target"}
 
 RESUME_MAY_CHANGE = (
     "trainer.max_steps",            # extend (or shorten) the run
@@ -45,13 +48,25 @@ class RecordRunConfig(L.Callback):
 def recorded_config(run_dir: Path, checkpoint: dict) -> DictConfig:
     """The run's own config: the one recorded in `checkpoint` (its contents), else Hydra's record of its start."""
     if isinstance(checkpoint.get(RECORD_KEY), str):
-        return OmegaConf.create(checkpoint[RECORD_KEY])
+        return _with_moved_targets(OmegaConf.create(checkpoint[RECORD_KEY]))
     hydra_record = run_dir / ".hydra" / "config.yaml"
     if hydra_record.is_file():
-        return OmegaConf.load(hydra_record)
+        return _with_moved_targets(OmegaConf.load(hydra_record))
     raise ValueError(f"resume={run_dir}: the run records no config (its checkpoints predate the record and it has "
                      f"no {hydra_record}); continue it with ckpt_path=<its checkpoint> and the options it was "
                      "started with")
+
+
+def _with_moved_targets(cfg: DictConfig) -> DictConfig:
+    tree = OmegaConf.to_container(cfg, resolve=False)
+
+    def rename(node):
+        if isinstance(node, dict):
+            return {k: MOVED_TARGETS.get(v, v) if k == "_target_" and isinstance(v, str) else rename(v)
+                    for k, v in node.items()}
+        return [rename(v) for v in node] if isinstance(node, list) else node
+
+    return OmegaConf.create(rename(tree))
 
 
 def _leaves(node, prefix: str = "") -> dict:

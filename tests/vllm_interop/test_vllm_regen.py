@@ -11,7 +11,7 @@ from tests.vllm_interop.common import ENGINE_ARGS, SKIP_REASON
 
 pytest.importorskip("vllm", reason=SKIP_REASON)
 
-from dmtp.data.regenerate import RegenSettings, regenerate  # noqa: E402
+from dmtp.training.regenerate import RegenSettings, regenerate  # noqa: E402
 from dmtp.serving.vllm_engine import make_llm  # noqa: E402
 
 NEW = 48
