@@ -49,7 +49,7 @@ INSTANTIATED = []
 
 def recording_load_target(**kwargs):
     """A conf/target `_target_` that records how it was called (and loads the target as usual)."""
-    from dmtp.models.target import load_target
+    from dmtp.tiny.targets import load_target
 
     INSTANTIATED.append(kwargs)
     return load_target(**kwargs)
