@@ -54,10 +54,15 @@ def hydra_faults_one_line(prog: str):
     raised: in the job, or in Hydra's own steps before and after it (the run directory, its copy of the
     composed config), which Hydra's reporter (`run_and_report`, a module global of hydra._internal.utils,
     which every step calls) would otherwise print as a traceback. Its reporter is wrapped for the call, so
-    everything else Hydra reports looks as before."""
+    everything else Hydra reports looks as before. A Hydra without that private hook still runs the command:
+    faults in the job stay one line (the command's own handler), Hydra's own writes fall back to its
+    traceback (tests/test_disk_full.py checks the hook is there in the Hydra we install)."""
     import hydra._internal.utils as hydra_utils
 
-    original = hydra_utils.run_and_report
+    original = getattr(hydra_utils, "run_and_report", None)
+    if original is None:
+        yield
+        return
     hydra_utils.run_and_report = lambda func: original(lambda: _faults_as_one_line(prog, func))
     try:
         yield

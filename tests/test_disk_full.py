@@ -107,3 +107,17 @@ def test_dmtps_own_write_failure_is_worded_as_any_environment_fault(tmp_path, mo
     except RuntimeError as outer:
         assert environment_fault(outer) == line
     assert not target.exists()
+
+
+def test_a_hydra_without_the_reporter_hook_still_runs_the_command(monkeypatch):
+    """The one-line wrap of Hydra's own writes rides on a private hook; a Hydra without it must still run the
+    command (the job's faults stay one line through the command's own handler), not fail on an AttributeError."""
+    import hydra._internal.utils as hydra_utils
+
+    from dmtp.cli import hydra_faults_one_line
+
+    monkeypatch.delattr(hydra_utils, "run_and_report")
+    ran = []
+    with hydra_faults_one_line("dmtp.train"):
+        ran.append(True)
+    assert ran == [True] and not hasattr(hydra_utils, "run_and_report")
