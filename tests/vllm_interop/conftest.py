@@ -38,3 +38,11 @@ def interop_prompts(vllm_tokenizer):
     from dmtp.data.prompts import held_out_prompts
 
     return [p for domain in ("code", "math") for p in held_out_prompts(vllm_tokenizer, domain, "validation", 4, 32)]
+
+
+@pytest.fixture(scope="session")
+def dmtp_drafter_dir(tmp_path_factory, vllm_target_dir):
+    """A one-layer dual_anchor_zero_init drafter trained 40 steps on the target's greedy responses."""
+    from tests.vllm_interop.common import train_interop_drafter
+
+    return train_interop_drafter(tmp_path_factory, "dual_anchor_zero_init")

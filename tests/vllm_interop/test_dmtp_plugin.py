@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.vllm_interop.common import ENGINE_ARGS, NEW_TOKENS, SKIP_REASON, train_interop_drafter
+from tests.vllm_interop.common import ENGINE_ARGS, NEW_TOKENS, SKIP_REASON
 
 pytest.importorskip("vllm", reason=SKIP_REASON)
 
@@ -20,12 +20,6 @@ from dmtp.models.mtp_loading import load_native_mtp  # noqa: E402
 from dmtp.serving.vllm_engine import generate_tokens, make_llm, sampling_params, shutdown, spec_decode_counts  # noqa: E402
 
 K = 7   # candidates per round; vLLM's num_speculative_tokens
-
-
-@pytest.fixture(scope="module")
-def dmtp_drafter_dir(tmp_path_factory, vllm_target_dir):
-    """A one-layer dual_anchor_zero_init drafter trained 40 steps on the target's greedy responses."""
-    return train_interop_drafter(tmp_path_factory, "dual_anchor_zero_init")
 
 
 @pytest.fixture(scope="module")

@@ -105,6 +105,34 @@ def test_infer_engine_vllm_prints_dmtps_acceptance(vllm_target_dir, raw_drafter_
             assert vllms["matches_ar"] == 1.0
 
 
+def test_infer_engine_vllm_decodes_a_dmtp_drafter_through_the_plugin(vllm_target_dir, dmtp_drafter_dir, tmp_path,
+                                                                     capsys):
+    """`python -m dmtp.infer engine=vllm` with a DMTP drafter: decoded inside vLLM through dmtp's plug-in (the
+    native MTP's T1, then the block drafter), every acceptance figure equal to dmtp's own loop (greedy).
+    After the plug-in module's tests: vLLM's counters, which those read, are process-wide."""
+    from dmtp.inference.compare import compare_methods
+
+    def run(engine):
+        cfg = compose_config("infer", [f"engine={engine}", f"target.path={vllm_target_dir}",
+                                       f"drafter.path={dmtp_drafter_dir}", "methods=[ar,drafter]",
+                                       "num_prompts=2", "max_new_tokens=32", "batch_size=2", "progress=false",
+                                       "eval.domains=[code,math]",
+                                       "vllm_engine_args={enforce_eager: true, max_model_len: 512}",
+                                       f"output_dir={tmp_path / engine}"])
+        return compare_methods(cfg)
+
+    ours, theirs = run("dmtp"), run("vllm")
+    assert theirs["run"]["engine"] == "vllm" and theirs["run"]["injection"] == "dual_anchor_zero_init"
+    assert "acceptance length (tau)" in capsys.readouterr().out
+    keys = ("tau_per_request", "tau_per_verify", "t1_accept", "p_len_ge", "matches_ar")
+    for wl in ("code", "math"):
+        for method in ("ar", "dual_anchor_zero_init"):
+            mine, vllms = ours["workloads"][wl][method], theirs["workloads"][wl][method]
+            assert {k: mine.get(k) for k in keys} == {k: vllms.get(k) for k in keys}, (wl, method)
+            assert vllms["matches_ar"] == 1.0
+        assert ours["workloads"][wl]["dual_anchor_zero_init"]["t1_accept"] > 0   # the MTP's T1 was accepted
+
+
 def test_dflash2_export_in_vllm(vllm_target, vllm_target_dir, vllm_tokenizer, interop_prompts, dmtp_run, tmp_path):
     """vLLM knows the export as DFlash2 (its candidate-head drafter). Its CPU build runs the V1 model
     runner, which refuses candidate-head drafts rather than degrading them to DFlash v1 (asserted here);
