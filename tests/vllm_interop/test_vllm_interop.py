@@ -9,9 +9,14 @@ vLLM's scheduler counts a round's accepted drafts before it checks the stop cond
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from tests.vllm_interop.common import ENGINE_ARGS, NEW_TOKENS, SKIP_REASON, train_interop_drafter
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytest.importorskip("vllm", reason=SKIP_REASON)
 
@@ -153,3 +158,25 @@ def test_dflash2_export_in_vllm(vllm_target, vllm_target_dir, vllm_tokenizer, in
         shutdown(llm)
     assert tokens == dmtp_run[0].tokens
 
+
+
+def test_bench_vllm_compares_both_engines_losslessly(vllm_target_dir, raw_drafter_dir, dmtp_drafter_dir, tmp_path):
+    """tools/bench_vllm.py (BENCHMARKS.md's vLLM table): every method in both engines at each batch size,
+    every output equal to dmtp's AR, ratios over each engine's own AR and over the first drafter."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_vllm", ROOT / "tools" / "bench_vllm.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "bench.json"
+    bench.main(["--target", str(vllm_target_dir), "--drafter", str(raw_drafter_dir), "--drafter", str(dmtp_drafter_dir),
+                "--batch-sizes", "1", "4", "--num-prompts", "4", "--max-new-tokens", "16", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert sorted(report["by_batch"]) == ["1", "4"]
+    for figures in report["by_batch"].values():
+        for engine in ("dmtp", "vllm"):
+            methods = {k: v for k, v in figures[engine].items() if k != "seconds"}
+            assert sorted(methods) == ["ar", "dual_anchor_zero_init", "raw_dflash"]
+            assert all(f["matches_dmtp_ar"] and f["tokens_per_s"] > 0 for f in methods.values()), engine
+            assert methods["raw_dflash"]["vs_first_drafter"] == 1.0 and methods["ar"]["vs_first_drafter"] is None
+        assert figures["dmtp"]["dual_anchor_zero_init"]["tau"] == figures["vllm"]["dual_anchor_zero_init"]["tau"]

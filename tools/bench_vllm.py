@@ -1,0 +1,116 @@
+"""dmtp's loop against vLLM on the same target, drafters and prompts, in one process (issue 23's speed table).
+
+For each batch size: the target alone (ar) and every drafter given, decoded by dmtp's loop and by vLLM
+(raw DFlash natively, DMTP variants through dmtp's plug-in), greedy, over the same held-out prompts.
+Per engine and batch size: tau, tok/s, speed-up over that engine's own AR, and every drafter's tok/s over
+the first drafter's (give raw DFlash first: DMTP / raw DFlash inside each engine). Every output is checked
+equal to dmtp's AR (lossless in both engines). The engines alternate per batch size, so a drift of the
+machine spreads over both; vLLM is timed around its batch call after one warm-up call per engine.
+
+    .venv-vllm/bin/python tools/bench_vllm.py --drafter RAW/drafter --drafter DMTP/drafter \\
+        --batch-sizes 1 8 32 --num-prompts 32 --out vllm_bench.json
+
+Runs in the vLLM environment (bash tools/vllm_env.sh). vLLM's batch size is its max_num_seqs (all prompts
+are submitted at once: continuous batching up to the cap); dmtp's is the loop's static batch.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+for _key, _value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+                     "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}.items():
+    os.environ.setdefault(_key, _value)   # read by vLLM when it is imported
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from dmtp.data.prompts import held_out_prompts  # noqa: E402
+from dmtp.decode.loop import SamplingConfig  # noqa: E402
+from dmtp.inference.setup import (build_decoder, load_drafter, load_mtp, load_target, placement,  # noqa: E402
+                                  target_config)
+from dmtp.inference.workloads import decode_workloads  # noqa: E402
+from dmtp.reports.tables import format_table  # noqa: E402
+from dmtp.serving.vllm_decoder import VLLMDecoder  # noqa: E402
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default=None, help="target checkpoint dir (default: the embedded --preset)")
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--drafter", action="append", default=[], help="drafter dir (repeatable; raw DFlash first)")
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--domains", default="code,math,prose")
+    ap.add_argument("--num-prompts", type=int, default=32, help="in all, spread over the domains")
+    ap.add_argument("--prompt-tokens", type=int, default=32)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--max-model-len", type=int, default=512)
+    ap.add_argument("--out", default=None, help="JSON report")
+    args = ap.parse_args(argv)
+
+    device, dtype = placement("cpu", "float32")
+    loaded = load_target(target_config(args.target, args.preset), device, dtype)
+    mtp = load_mtp(loaded)
+    eos = loaded.eos_token_id
+    domains = args.domains.split(",")
+    per_domain = -(-args.num_prompts // len(domains))
+    prompts = [p for d in domains
+               for p in held_out_prompts(loaded.tokenizer, d, "test", per_domain, args.prompt_tokens)][:args.num_prompts]
+    drafters = [load_drafter(loaded, p, device, dtype, native_mtp=mtp) for p in args.drafter]
+    greedy = SamplingConfig()
+    engine_args = {"enforce_eager": True, "max_model_len": args.max_model_len}
+
+    rows, report = [], {"target": loaded.path, "drafters": args.drafter, "prompts": len(prompts),
+                        "max_new_tokens": args.max_new_tokens, "torch_threads": torch.get_num_threads(),
+                        "machine": platform.processor() or platform.machine(), "by_batch": {}}
+    ours = {"ar": build_decoder(loaded.model, "ar", eos)}
+    for d in drafters:
+        ours[d.label] = build_decoder(loaded.model, "drafter", eos, mtp=d.mtp, drafter=d.model, name=d.label)
+    for batch in args.batch_sizes:
+        theirs = {"ar": VLLMDecoder("ar", loaded.path, [eos], engine_args=engine_args)}
+        for d in drafters:
+            theirs[d.label] = VLLMDecoder(d.label, loaded.path, [eos], d.path, engine_args,
+                                          num_candidates=d.model.num_candidates)
+        figures = {}
+        for engine, decoders in (("dmtp", ours), ("vllm", theirs)):
+            started = time.perf_counter()
+            run = decode_workloads(decoders, {"all": prompts}, max_new_tokens=args.max_new_tokens, sampling=greedy,
+                                   batch_size=batch, warmup=True)
+            for d in theirs.values() if engine == "vllm" else ():
+                d.close()
+            figures[engine] = {name: {"tau": s["tau_per_request"], "tokens_per_s": s["tokens_per_s"],
+                                      "tokens": run["results"][("all", name)].tokens}
+                               for name, s in run["overall"].items()}
+            figures[engine]["seconds"] = time.perf_counter() - started
+        reference = figures["dmtp"]["ar"]["tokens"]
+        first = drafters[0].label if drafters else None
+        for engine in ("dmtp", "vllm"):
+            ar_tps = figures[engine]["ar"]["tokens_per_s"]
+            for name in ours:
+                f = figures[engine][name]
+                f["speedup_vs_ar"] = f["tokens_per_s"] / ar_tps
+                f["vs_first_drafter"] = (f["tokens_per_s"] / figures[engine][first]["tokens_per_s"]
+                                         if first and name != "ar" else None)
+                f["matches_dmtp_ar"] = f.pop("tokens") == reference
+                rows.append({"batch": batch, "engine": engine, "method": name, "tau": f["tau"],
+                             "tok/s": f["tokens_per_s"], "x AR": f["speedup_vs_ar"], "x first": f["vs_first_drafter"],
+                             "= AR": "yes" if f["matches_dmtp_ar"] else "NO"})
+        for name in ours:
+            rows.append({"batch": batch, "engine": "vllm / dmtp", "method": name,
+                         "tok/s": figures["vllm"][name]["tokens_per_s"] / figures["dmtp"][name]["tokens_per_s"]})
+        report["by_batch"][batch] = figures
+    print(format_table(rows, ["batch", "engine", "method", "tau", "tok/s", "x AR", "x first", "= AR"],
+                       title=f"dmtp's loop vs vLLM ({len(prompts)} prompts x {args.max_new_tokens} new tokens, greedy, "
+                             f"CPU fp32; x first = tok/s over the first drafter, {first})"))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
