@@ -58,3 +58,11 @@ def test_bench_peer_runs_with_an_untrained_drafter(tmp_path, micro_target_dir):
     greedy = report["peer"]["0.0"]
     assert greedy["dmtp"]["identical"] == greedy["dmtp"]["requests"] == 2
     assert report["ar"] == {}
+
+
+def test_repeated_drafters_merge_eager_with_eager_and_compiled_with_compiled():
+    """A repeat's label `name#n` (compiled: `name#n compiled`) merges into `name` / `name compiled`, never
+    mixing the eager and compiled timings of one method."""
+    assert [bench_decode.method_of(label) for label in
+            ("raw_dflash", "raw_dflash#4", "raw_dflash compiled", "raw_dflash#10 compiled")] == [
+        "raw_dflash", "raw_dflash", "raw_dflash compiled", "raw_dflash compiled"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -42,8 +43,9 @@ from dmtp.reports.tables import format_table  # noqa: E402
 
 
 def method_of(label: str) -> str:
-    """Repeated drafters of one method are labelled `name#n`; this is `name`."""
-    return label.split("#")[0]
+    """Repeated drafters of one method are labelled `name#n` (compiled: `name#n compiled`); this is `name`
+    (`name compiled`): a compiled repeat merges with the compiled ones, never with the eager ones."""
+    return re.sub(r"#\d+", "", label)
 
 
 def grouped_summary(overall: dict, workloads: dict) -> dict:
