@@ -7,6 +7,9 @@ vLLM's model runner get a `DMTPProposer` (see `vllm_plugin_proposer`) where it b
 keeps its name and identity: its constructor picks the subclass (`__new__`), nothing else changes
 and raw DFlash drafters are served exactly as before. Serve with `"method": "dflash"` and the DMTP
 export as the drafter (README, Serving with vLLM).
+
+On vLLM's CPU build it also corrects the rejection sampler's expansion of per-request temperature and
+top_p (`vllm_cpu_expand`): without it sampled speculative decoding on CPU reads uninitialised memory.
 """
 from __future__ import annotations
 
@@ -27,7 +30,10 @@ def register() -> None:
     from vllm import ModelRegistry
     from vllm.v1.spec_decode.dflash import DFlashProposer
 
+    from dmtp.serving import vllm_cpu_expand
     from dmtp.serving.vllm_plugin_proposer import DMTP_ARCHITECTURE, SERVED_ARCHITECTURE
+
+    vllm_cpu_expand.install()
 
     # The export's own name (checked when the speculative config is read) and vLLM's DFlash-renamed
     # one (the class it builds).

@@ -1,0 +1,42 @@
+"""The rejection sampler's per-request -> per-draft-token expansion, as vLLM runs it here after the
+plug-in and the platform registered their kernels (worker start-up order): on vLLM 0.32's CPU build
+its own stand-in never writes float outputs (`dmtp.serving.vllm_cpu_expand`)."""
+from __future__ import annotations
+
+import pytest
+
+from tests.vllm_interop.common import SKIP_REASON
+
+pytest.importorskip("vllm", reason=SKIP_REASON)
+
+import torch  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def expand_batch_to_tokens():
+    from vllm.platforms import current_platform
+    from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
+
+    from dmtp.serving.vllm_plugin import register
+
+    register()
+    current_platform.register_triton_kernel_overrides()
+    return expand_batch_to_tokens
+
+
+@pytest.mark.parametrize("values", [[0.7, 1.0, 1.3, 0.5], [0.9, 0.95, 1.0, 0.25], [5, 0, 40, 7]],
+                         ids=["temperature", "top_p", "top_k"])
+def test_per_request_values_reach_every_draft_token_in_their_dtype(expand_batch_to_tokens, values):
+    x = torch.tensor(values, dtype=torch.int32 if isinstance(values[0], int) else torch.float32)
+    cu = torch.tensor([7, 14, 17, 24], dtype=torch.int32)   # 7, 7, 3 and 7 draft tokens
+    expected = x.repeat_interleave(torch.tensor([7, 7, 3, 7]))
+    for _ in range(3):   # what a fresh buffer holds differs from call to call
+        torch.full((24,), 3e-7, dtype=x.dtype).sum()
+        out = expand_batch_to_tokens(x, cu, 24, replace_from=-1, replace_to=1)
+        assert out.dtype == x.dtype and torch.equal(out, expected), out.tolist()
+
+
+def test_greedy_temperature_is_replaced_as_the_kernel_does(expand_batch_to_tokens):
+    out = expand_batch_to_tokens(torch.tensor([0.0, 0.8]), torch.tensor([2, 4], dtype=torch.int32), 4,
+                                 replace_from=0, replace_to=1)
+    assert out.tolist() == pytest.approx([1.0, 1.0, 0.8, 0.8])
