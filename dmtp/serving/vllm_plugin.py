@@ -8,8 +8,9 @@ keeps its name and identity: its constructor picks the subclass (`__new__`), not
 and raw DFlash drafters are served exactly as before. Serve with `"method": "dflash"` and the DMTP
 export as the drafter (README, Serving with vLLM).
 
-On vLLM's CPU build it also corrects the rejection sampler's expansion of per-request temperature and
-top_p (`vllm_cpu_expand`): without it sampled speculative decoding on CPU reads uninitialised memory.
+On vLLM's CPU build it also corrects two of vLLM's CPU stand-ins (`vllm_cpu_fixes`): the rejection
+sampler's per-request temperature / top_p expansion (sampled speculative decoding read uninitialised
+memory) and DFlash's per-layer context K norm (a multi-layer drafter's layers 2..L used layer 1's).
 """
 from __future__ import annotations
 
@@ -30,10 +31,10 @@ def register() -> None:
     from vllm import ModelRegistry
     from vllm.v1.spec_decode.dflash import DFlashProposer
 
-    from dmtp.serving import vllm_cpu_expand
+    from dmtp.serving import vllm_cpu_fixes
     from dmtp.serving.vllm_plugin_proposer import DMTP_ARCHITECTURE, SERVED_ARCHITECTURE
 
-    vllm_cpu_expand.install()
+    vllm_cpu_fixes.install()
 
     # The export's own name (checked when the speculative config is read) and vLLM's DFlash-renamed
     # one (the class it builds).

@@ -83,7 +83,7 @@ def test_vllm_acceptance_per_position_equals_dmtps_loop(dmtp_loop, served):
 def test_sampling_runs_through_vllms_rejection_sampler_with_drafts_accepted(dmtp_loop, served, vllm_target):
     """Temperature 1: every request's rounds (vLLM's per-request metrics) add up to the engine's
     counters, and drafts are accepted at a rate no broken sampler reaches. On CPU this needs the
-    plug-in's expansion fix (`vllm_cpu_expand`): with vLLM's own, the target's logits were divided by
+    plug-in's expansion fix (`vllm_cpu_fixes`): with vLLM's own, the target's logits were divided by
     uninitialised memory and requests ended after 1-2 tokens with nothing accepted, in some runs."""
     ar, _ = dmtp_loop
     vocab = vllm_target.config.vocab_size
