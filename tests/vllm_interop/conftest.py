@@ -42,7 +42,9 @@ def interop_prompts(vllm_tokenizer):
 
 @pytest.fixture(scope="session")
 def dmtp_drafter_dir(tmp_path_factory, vllm_target_dir):
-    """A one-layer dual_anchor_zero_init drafter trained 40 steps on the target's greedy responses."""
+    """A two-layer dual_anchor_zero_init drafter trained 40 steps on the target's greedy responses (two
+    layers: vLLM computes every layer's context K/V in one fused pass, which a single layer leaves
+    untested; vLLM 0.32's CPU kernel normalised them all with layer 1's weight)."""
     from tests.vllm_interop.common import train_interop_drafter
 
-    return train_interop_drafter(tmp_path_factory, "dual_anchor_zero_init")
+    return train_interop_drafter(tmp_path_factory, "dual_anchor_zero_init", num_layers=2)
