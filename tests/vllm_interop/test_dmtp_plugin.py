@@ -20,6 +20,7 @@ from dmtp.models.mtp_loading import load_native_mtp  # noqa: E402
 from dmtp.serving.vllm_engine import generate, generate_tokens, make_llm, sampling_params, shutdown, spec_decode_counts  # noqa: E402
 
 K = 7   # candidates per round; vLLM's num_speculative_tokens
+SECOND_TOKEN_SAMPLES = 512   # sampled 2-token requests on one prompt: the first speculative position
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +52,15 @@ def served(vllm_target_dir, vllm_tokenizer, interop_prompts, dmtp_drafter_dir):
                                                                   for i in range(len(interop_prompts))])
         sampled_drafts, sampled_per_pos = spec_decode_counts(llm)
         greedy_again = generate_tokens(llm, interop_prompts, sampling_params(NEW_TOKENS, eos))
+        # Unseeded: vLLM's CPU runner cannot rewind a request's generator when a prefill is chunked
+        # ("CPU Generator does not use offset"), which 512 prompts at once are.
+        second = generate_tokens(llm, [interop_prompts[0]] * SECOND_TOKEN_SAMPLES,
+                                 sampling_params(2, eos, temperature=1.0))
         yield {"greedy": greedy, "drafts": drafts, "per_pos": per_pos, "sampled": sampled,
                "sampled_rounds": sampled_rounds,
                "sampled_drafts": sampled_drafts - drafts,
                "sampled_accepted": sum(sampled_per_pos) - sum(per_pos), "greedy_again": greedy_again,
+               "second_tokens": [t[1] for t in second if len(t) == 2],
                "proposer": type(llm.llm_engine.model_executor.driver_worker.worker.model_runner.drafter).__name__}
     finally:
         shutdown(llm)
@@ -94,6 +100,33 @@ def test_sampling_runs_through_vllms_rejection_sampler_with_drafts_accepted(dmtp
         served["sampled_drafts"], accepted, [len(t) for t in served["sampled"]])
     assert all(0 < len(t) <= NEW_TOKENS and all(0 <= x < vocab for x in t) for t in served["sampled"])
     assert served["sampled"] != ar.tokens
+
+
+def test_the_first_speculative_position_samples_the_targets_distribution(served, vllm_target, vllm_tokenizer,
+                                                                         interop_prompts):
+    """Token 2 of a temperature-1 request is the rejection sampler's verdict on the MTP's sampled T1
+    (its probabilities) and the drafter's; its distribution must be the target's own marginal
+    sum_x p(x | prompt) p(y | prompt, x). Chi-square over the tokens expected >= 5 times (the rest
+    pooled): a lossless sampler fails it with probability 1e-4."""
+    import torch
+
+    eos = vllm_tokenizer.eos_token_id
+    prompt = torch.tensor([interop_prompts[0]])
+    with torch.no_grad():
+        p_first = vllm_target(prompt).logits[0, -1].softmax(-1)
+        p_first[eos] = 0   # an EOS first token ends the request: no second token
+        p_first /= p_first.sum()
+        firsts = torch.arange(p_first.shape[0])[:, None]
+        p_second = vllm_target(torch.cat([prompt.expand(len(firsts), -1), firsts], 1)).logits[:, -1].softmax(-1)
+    expected = (p_first @ p_second) * len(served["second_tokens"])
+    observed = torch.bincount(torch.tensor(served["second_tokens"]), minlength=expected.shape[0]).double()
+    binned = expected >= 5
+    e = torch.cat([expected[binned], expected[~binned].sum()[None]]).double()
+    o = torch.cat([observed[binned], observed[~binned].sum()[None]])
+    chi2 = ((o - e) ** 2 / e).sum()
+    p_value = torch.special.gammaincc(torch.tensor((len(e) - 1) / 2.0, dtype=torch.float64), chi2 / 2).item()
+    assert len(served["second_tokens"]) > 0.9 * SECOND_TOKEN_SAMPLES and binned.sum() >= 5
+    assert p_value > 1e-4, (chi2.item(), len(e) - 1, p_value)
 
 
 def test_greedy_after_sampled_requests_is_unchanged(dmtp_loop, served):
