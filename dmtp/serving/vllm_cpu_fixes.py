@@ -24,8 +24,8 @@ import torch
 
 
 def expand_at_callers_dtype(output: torch.Tensor, input_val: torch.Tensor, cu_num_tokens: torch.Tensor,
-                            replace_from, replace_to, MAX_NUM_TOKENS=None) -> None:  # noqa: N803 (kernel's name)
-    """The Triton kernel's semantics: request i's value (replace_from -> replace_to) written over its
+                            replace_from, replace_to, MAX_NUM_TOKENS=None) -> None:
+    """The Triton kernel's semantics (its signature, MAX_NUM_TOKENS unused): request i's value (replace_from -> replace_to) written over its
     tokens [cu[i-1], cu[i]) of `output`, in `output`'s own dtype and storage."""
     ends = cu_num_tokens.long()
     counts = torch.diff(ends, prepend=ends.new_zeros(1))
@@ -54,4 +54,4 @@ def install() -> None:
     DFlashQwen3Model._normalize_context_k = normalize_context_k_per_layer
 
 
-__all__ = ["expand_at_callers_dtype", "normalize_context_k_per_layer", "install"]
+__all__ = ["expand_at_callers_dtype", "install", "normalize_context_k_per_layer"]

@@ -4,7 +4,8 @@ MTP proposes T1, the block drafter the rest with the injection's T1 slot, vLLM's
 The drafter (dual_anchor_zero_init) is trained here for a few dozen steps on the micro_vllm target's
 own responses, so that both the MTP's candidate and the drafter's are accepted and the per-position
 comparison with dmtp's own loop means something. One engine serves every test of the module: all
-8 prompts at once (continuous batching, batch > 1), then sampled requests, then greedy again.
+8 prompts at once (continuous batching, batch > 1), then sampled requests, then greedy again, then
+512 two-token sampled requests on one prompt (the first speculative position's distribution).
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import pytest
 from tests.vllm_interop.common import ENGINE_ARGS, NEW_TOKENS, SKIP_REASON
 
 pytest.importorskip("vllm", reason=SKIP_REASON)
+
+import torch  # noqa: E402
 
 from dmtp.block_drafter import fresh_drafter_for, load_block_drafter  # noqa: E402
 from dmtp.decode import SpecDecoder, build_proposer  # noqa: E402
@@ -108,8 +111,6 @@ def test_the_first_speculative_position_samples_the_targets_distribution(served,
     (its probabilities) and the drafter's; its distribution must be the target's own marginal
     sum_x p(x | prompt) p(y | prompt, x). Chi-square over the tokens expected >= 5 times (the rest
     pooled): a lossless sampler fails it with probability 1e-4."""
-    import torch
-
     eos = vllm_tokenizer.eos_token_id
     prompt = torch.tensor([interop_prompts[0]])
     with torch.no_grad():
