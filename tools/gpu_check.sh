@@ -14,11 +14,13 @@
 #            sampling under graphs, the hybrid and DeepSeek/GLM runners under graphs, flash-attn and the
 #            fla/causal-conv1d kernels where installed (skip reasons listed)
 #   bench    tools/bench_decode.py on the micro target, CUDA graphs on, then off
+#   trained  where gpu_wheels/trained/ was carried (GPU_TRAINED_* in gpu_wheelhouse.sh): tools/bench_decode.py on
+#            that trained target and its drafters, CUDA graphs on, batch 1 and all prompts at 8 / 32
 #   peer     tools/bench_peer.py: the reference dflash_generate vs our loop (eager and CUDA graphs) on the
 #            same untrained raw DFlash drafter; identical greedy tokens
 # Output: $OUT (the device tool's folder), else $1, else gpu_check_out/ -- at most 8 files come back:
 #   summary.txt (one line per step: rc, seconds), install.log, probe.txt, gpu_tests.txt, bench_decode.txt,
-#   bench_peer.txt, reports.tar.gz (the JSON reports and the tests' junit XML).
+#   bench_peer.txt (the trained step's table appended), reports.tar.gz (the JSON reports and the tests' junit XML).
 # Knobs: GPU_CHECK_STEPS="tests peer" runs a subset (a rerun in what is left of the lease; install always
 # runs); GPU_CHECK_TIME_SCALE=4 stretches every timeout (a CPU rehearsal); PYTHON (default python3);
 # GPU_WHEELS (default gpu_wheels).
@@ -30,7 +32,7 @@ out="$(cd "$out" && pwd)"
 work="$(mktemp -d /tmp/gpu_check.XXXXXX)"
 PY="${PYTHON:-python3}"
 WHEELS="$(cd "${GPU_WHEELS:-gpu_wheels}" 2>/dev/null && pwd || echo "${GPU_WHEELS:-gpu_wheels}")"
-STEPS="${GPU_CHECK_STEPS:-probe target tests bench peer}"
+STEPS="${GPU_CHECK_STEPS:-probe target tests bench trained peer}"
 SCALE="${GPU_CHECK_TIME_SCALE:-1}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
@@ -105,7 +107,7 @@ print("optional kernels:")
 for label, mod in (("flash-attn", "flash_attn"), ("fla (gated delta rule)", "fla.ops.gated_delta_rule"),
                    ("causal-conv1d", "causal_conv1d")):
     print(f"  {label}: {importable(mod)}")
-from dmtp.decode.runner_base import flash_attn_available
+from dmtp.decode.runners.base import flash_attn_available
 from dmtp.models import gdn_kernels
 print(f"  dmtp flash-attn path: {flash_attn_available()}")
 print(f"  dmtp hybrid kernel path (fla + causal-conv1d): {gdn_kernels.available()}")
@@ -152,6 +154,14 @@ bench_decode() {   # $1: "" (CUDA graphs on) or --no-cuda-graphs
         --num-prompts 8 --max-new-tokens 64 --batch-size 8 $1 --out "$work/$name.json"
 }
 
+bench_trained() {   # a trained target's drafters: tau means something here (the micro ones are random)
+    local drafters=() d
+    for d in "$WHEELS"/trained/drafters/*/; do drafters+=(--drafter "${d%/}"); done
+    echo "== bench_decode on the carried trained target, CUDA graphs on (if CUDA)"
+    "$PY" tools/bench_decode.py --target "$WHEELS/trained/target" "${drafters[@]}" --num-prompts 8 \
+        --max-new-tokens 128 --batch-size 1 --throughput-batch-sizes 8 32 --reps 2 --out "$work/bench_trained.json"
+}
+
 bench_peer() {
     local dev graphs=""
     dev=$("$PY" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
@@ -160,11 +170,12 @@ bench_peer() {
         --max-new-tokens 64 --reps 2 --hf-batch-sizes 1 8 --out "$work/bench_peer.json"
 }
 
-export -f install probe build_target gpu_tests bench_decode bench_peer pip_offline
+export -f install probe build_target gpu_tests bench_decode bench_trained bench_peer pip_offline
 export PY WHEELS work out
 
 # The limits add up to 500 s (under the 540 s call): install 60, probe 40, target 45, tests 170,
-# bench 2 x 55, peer 75. Typical times are far below; a hung step only costs its own limit.
+# bench 2 x 55, peer 75; plus trained 110 where carried (a 600 s call then). Typical times are far below; a
+# hung step only costs its own limit.
 # The console (the tool's output_tail) gets the gist; the files under $out have everything.
 quiet() { grep -vE "Warning: |warnings.warn\(|_cpu_device_warning\(\)|^\s*$"; }
 step install 60 install >"$out/install.log" 2>&1; grep -E "^== (python3|wheelhouse|not installed)|rc=" "$out/install.log"
@@ -186,6 +197,10 @@ if wants bench; then
     quiet <"$out/bench_decode.txt" | grep -vE "^report written"
 fi
 if wants peer; then step peer 75 bench_peer >"$out/bench_peer.txt" 2>&1; quiet <"$out/bench_peer.txt" | grep -vE "^report written"; fi
+if wants trained && [ -d "$WHEELS/trained/target" ]; then   # last: the figures above come back even if it runs out
+    step trained 110 bench_trained >>"$out/bench_peer.txt" 2>&1
+    sed -n '/== bench_decode on the carried trained/,$p' "$out/bench_peer.txt" | quiet | grep -vE "^report written"
+fi
 tar -czf "$out/reports.tar.gz" -C "$work" . 2>/dev/null
 failed=$(grep -E " rc=[1-9]" "$summary" | cut -d' ' -f1 | tr '\n' ' ')
 echo "gpu_check done in $(( $(date +%s) - t_start )) s; failed steps: ${failed:-none}" | tee -a "$summary"

@@ -24,6 +24,10 @@
 # run the check: pytest (+pluggy, iniconfig, pygments), pytest-timeout, einops, scipy (the tests'
 # chi-square p-values; the largest wheel here, ~35 MB).
 # Plus dmtp_home/: the built micro target (below).
+# Optional, trained/: a trained target and its drafters for gpu_check.sh's `trained` step (tau means something
+# there, unlike the micro target's random drafters), copied from
+#   GPU_TRAINED_TARGET=<target dir> GPU_TRAINED_DRAFTERS="<drafter dir> <drafter dir> ..." (the embedded tiny
+#   target and its quick-start drafters are ~3.6 MB together).
 #
 # NOT carried:
 #   flash-attn, causal-conv1d  PyPI has sources only; they compile CUDA extensions against the local
@@ -55,5 +59,11 @@ rm -rf "$dir/dmtp_home"
 micro=$(PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python3 -c \
     "from dmtp.tiny.targets import ensure_tiny_target; print(ensure_tiny_target('micro', progress=False))" | tail -1)
 mkdir -p "$dir/dmtp_home/targets" && cp -r "$micro" "$dir/dmtp_home/targets/"
+rm -rf "$dir/trained"
+if [ -n "${GPU_TRAINED_TARGET:-}" ]; then
+    mkdir -p "$dir/trained/drafters" && cp -r "$GPU_TRAINED_TARGET" "$dir/trained/target"
+    i=0; for d in ${GPU_TRAINED_DRAFTERS:-}; do i=$((i + 1)); cp -r "$d" "$dir/trained/drafters/$i"; done
+    ls "$dir/trained/drafters"
+fi
 ls -l "$dir" "$dir/dmtp_home/targets"
 du -sh "$dir"
