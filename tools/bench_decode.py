@@ -325,6 +325,14 @@ def main(argv=None) -> dict:
                                         title=f"side by side, T={args.temperature:g} (tau per request, tok/s):"))
     first, metrics = runs[modes[0]]
     ar_tps = first["methods"]["ar"]["tokens_per_s"]
+    identical_to_ar = None
+    if args.temperature <= 0:   # greedy: every method must reproduce ar's tokens (exactly in float32; bf16 may flip ties)
+        def outputs(method):
+            return [t for wl in workloads for t in metrics["results"][(wl, method)].tokens]
+        ar_out = outputs("ar")
+        identical_to_ar = {m: sum(a == b for a, b in zip(ar_out, outputs(m))) for m in decoders if m != "ar"}
+        print(f"greedy outputs identical to ar ({str(dtype).replace('torch.', '')}): "
+              + ", ".join(f"{m} {n}/{len(ar_out)}" for m, n in identical_to_ar.items()))
 
     hf = None
     if not args.no_hf:
@@ -342,6 +350,7 @@ def main(argv=None) -> dict:
     report = {"target": path, "device": str(device), "dtype": str(dtype), "batch_size": args.batch_size,
               "compile_s": {k: d.compile_s for k, d in decoders.items() if d.compiled},
               "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "verification": modes,
+              "identical_to_ar": identical_to_ar, "requests": sum(len(ps) for ps in workloads.values()),
               **first, "hf_generate": hf, "by_verification": by_mode}
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")

@@ -159,7 +159,8 @@ bench_trained() {   # a trained target's drafters: tau means something here (the
     for d in "$WHEELS"/trained/drafters/*/; do drafters+=(--drafter "${d%/}"); done
     echo "== bench_decode on the carried trained target, CUDA graphs on (if CUDA)"
     "$PY" tools/bench_decode.py --target "$WHEELS/trained/target" "${drafters[@]}" --num-prompts 8 \
-        --max-new-tokens 128 --batch-size 1 --throughput-batch-sizes 8 32 --reps 2 --out "$work/bench_trained.json"
+        --max-new-tokens 128 --batch-size 1 --throughput-batch-sizes 8 32 --reps 2 ${GPU_TRAINED_DTYPE:+--dtype $GPU_TRAINED_DTYPE} \
+        --out "$work/bench_trained${GPU_TRAINED_DTYPE:+_$GPU_TRAINED_DTYPE}.json"
 }
 
 bench_peer() {
