@@ -25,6 +25,9 @@ def test_bench_decode_reps_are_medians(tmp_path, micro_target_dir):
     for per_method in saved["workloads"].values():
         assert all(len(s["tok_s_reps"]) == 3 for s in per_method.values())
     assert report["methods"]["ar"]["tau_per_request"] == 1.0
+    # fp32 greedy: every method's outputs are ar's, counted per request in the report
+    assert saved["requests"] == 2
+    assert saved["identical_to_ar"] == {m: 2 for m in methods if m != "ar"}
 
 
 def test_bench_decode_rejects_zero_reps(capsys):
