@@ -3,9 +3,12 @@
 Per round (vLLM 0.32, V1 runner; ../../docs/vllm-plugin.md has the hook points):
 1. One more tap: the target's last layer output (vLLM taps are pre-final-norm), normalised here by
    the target's own final norm, gives the post-norm hidden h_t the MTP reads.
-2. The MTP catches up causally, with its own KV cache per request: row p+1 consumes (x_{p+1}, h_p)
-   for every verified position p of this step (x at the last one is the new anchor A); the row at
-   A's position gives the hidden that predicts T1 (dmtp's row convention, `dmtp.models.mtp`).
+2. The MTP catches up causally, with its own KV cache (a slot per request, `mtp_slots`): row p+1
+   consumes (x_{p+1}, h_p) for every verified position p of this step (x at the last one is the new
+   anchor A); the row at A's position gives the hidden that predicts T1 (dmtp's row convention,
+   `dmtp.models.mtp`). All requests of a step in one forward; a long prompt chunk in its own.
+   That cache lives outside vLLM's block manager, so a prefix-cache hit would skip MTP rows: the
+   proposer refuses to start with prefix caching on.
 3. vLLM's DFlash forward runs on the injection's slots [E(A), E(T1)+D, MASK...] instead of
    [E(A), MASK...] (`build_model_inputs_first_pass`); candidate 1 is T1 (with the MTP's
    probabilities when vLLM samples drafts), candidates 2..K the drafter's.
@@ -18,7 +21,7 @@ from typing import Any
 import torch
 from vllm.v1.spec_decode.dflash import DFlashProposer
 
-from dmtp.models.qwen3 import KVCache
+from dmtp.serving.mtp_slots import MTPRows, MTPSlots
 
 DMTP_ARCHITECTURE = "DMTPDraftModel"
 # vLLM's speculative config renames a dflash drafter's architecture `X` to `DFlashX`
@@ -44,48 +47,36 @@ class DMTPProposer(DFlashProposer):
         num_layers = vllm_config.model_config.get_total_num_hidden_layers()
         taps = tuple(i + 1 for i in self.dflash_config["target_layer_ids"]) + (num_layers,)
         runner._get_eagle3_aux_layers_from_config = lambda: taps
-        self.mtp_caches: dict[str, KVCache] = {}
+        if vllm_config.cache_config.enable_prefix_caching:
+            raise ValueError("a DMTP drafter keeps its MTP's KV outside vLLM's block manager, so prefix-cache hits "
+                             "would skip MTP rows: serve it with prefix caching off (--no-enable-prefix-caching, "
+                             "or enable_prefix_caching=False)")
+        self.mtp_slots: MTPSlots | None = None
         self.block: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def load_model(self, target_model) -> None:
         super().load_model(target_model)
         inner = getattr(target_model, "language_model", target_model)
         self.target_norm = inner.model.norm
+        self.mtp_slots = MTPSlots(self.model.dmtp_mtp, self.max_model_len, 1 + self.num_speculative_tokens)
 
     # -- the MTP ----------------------------------------------------------------------------------
-    def _cache_for(self, req_id: str, first_position: int) -> KVCache:
-        cache = self.mtp_caches.get(req_id)
-        if cache is None or first_position == 0:   # new, or recomputed from the start (preemption)
-            p = self.model.dmtp_mtp.fc.weight
-            cache = self.model.dmtp_mtp.new_cache(1, self.max_model_len + 1, p.dtype, p.device)
-            self.mtp_caches[req_id] = cache
-        return cache
-
-    def _forget_finished(self) -> None:
-        live = self.runner.requests
-        for req_id in [r for r in self.mtp_caches if r not in live]:
-            del self.mtp_caches[req_id]
-
     def _mtp_hidden(self, tokens, positions, final_hidden, next_token_ids, cad, num_rejected) -> torch.Tensor:
         """[B, H]: per request, the MTP rows after this step's verified positions; the last one's
         output (at the new anchor's position) predicts T1."""
-        mtp = self.model.dmtp_mtp
         starts = cad.query_start_loc_cpu.tolist()
         batch = cad.batch_size()
         rejected = num_rejected.tolist() if num_rejected is not None else [0] * batch
+        first = positions[torch.tensor(starts[:batch], device=positions.device)].tolist()   # one device sync
         req_ids = self.runner.input_batch.req_ids
-        out = final_hidden.new_empty(batch, final_hidden.shape[-1])
+        rows = []
         for r in range(batch):
             s, e = starts[r], starts[r + 1] - int(rejected[r])
-            p0 = int(positions[s])
-            last = self._next_token(req_ids[r], p0 + e - s, next_token_ids[r])
-            row_tokens = torch.cat([tokens[s + 1:e].long(), last])
-            row_positions = torch.arange(p0 + 1, p0 + 1 + (e - s), device=tokens.device)
-            g = mtp.forward_rows(row_tokens[None], final_hidden[None, s:e], row_positions[None],
-                                 self._cache_for(req_ids[r], p0), span=int(row_positions[-1]) + 1)
-            out[r] = g[0, -1]
-        self._forget_finished()
-        return out
+            last = self._next_token(req_ids[r], first[r] + e - s, next_token_ids[r])
+            rows.append(MTPRows(req_ids[r], torch.cat([tokens[s + 1:e].long(), last]), final_hidden[s:e],
+                                first[r] + 1))
+        self.mtp_slots.forget_all_but(self.runner.requests)
+        return self.mtp_slots.catch_up(rows)
 
     def _next_token(self, req_id: str, position: int, sampled: torch.Tensor) -> torch.Tensor:
         """[1]: the token at `position`, after this step's last verified one: the anchor vLLM sampled,
