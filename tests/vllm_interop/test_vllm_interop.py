@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 pytest.importorskip("vllm", reason=SKIP_REASON)
 
-from dmtp.block_drafter import build_block_drafter, load_block_drafter  # noqa: E402
+from dmtp.block_drafter import load_block_drafter  # noqa: E402
 from dmtp.configs import compose_config  # noqa: E402
 from dmtp.decode import SpecDecoder, build_proposer  # noqa: E402
 from dmtp.serving.vllm_engine import (generate, generate_tokens, make_llm, sampling_params, shutdown,  # noqa: E402
@@ -138,26 +138,36 @@ def test_infer_engine_vllm_decodes_a_dmtp_drafter_through_the_plugin(vllm_target
         assert ours["workloads"][wl]["dual_anchor_zero_init"]["t1_accept"] > 0   # the MTP's T1 was accepted
 
 
-def test_dflash2_export_in_vllm(vllm_target, vllm_target_dir, vllm_tokenizer, interop_prompts, dmtp_run, tmp_path):
-    """vLLM knows the export as DFlash2 (its candidate-head drafter). Its CPU build runs the V1 model
-    runner, which refuses candidate-head drafts rather than degrading them to DFlash v1 (asserted here);
-    the V2 runner (Triton, i.e. GPU) serves them, and there the target's greedy tokens come out."""
-    from vllm.platforms import current_platform
+@pytest.fixture(scope="module")
+def dflash2_drafter_dir(tmp_path_factory, vllm_target_dir):
+    """A one-layer raw DFlash2 drafter (convolutions and candidate selector) trained 40 steps, the
+    selector's loss on from step 0, so that its walk departs from the unary argmax."""
+    return train_interop_drafter(tmp_path_factory, "raw_dflash", overrides=("drafter=dflash2",))
 
-    drafter = build_block_drafter(vllm_target, "raw_dflash", vllm_target.config.vocab_size - 1, num_target_features=1,
-                                  architecture="dflash2", selector_rank=8, selector_top_k=4).eval()
-    drafter.save(tmp_path / "dflash2")
-    if current_platform.is_cpu():
-        with pytest.raises(Exception, match="Model Runner V1 does not support: DFlash candidate-head drafts"):
-            make_llm(vllm_target_dir, ENGINE_ARGS, speculative_config=_spec(tmp_path / "dflash2"))
-        return
-    llm = make_llm(vllm_target_dir, ENGINE_ARGS, speculative_config=_spec(tmp_path / "dflash2"))
+
+def test_dflash2_export_in_vllm(vllm_target, vllm_tokenizer, vllm_target_dir, interop_prompts, dflash2_drafter_dir,
+                                dmtp_run):
+    """vLLM knows the export as DFlash2 (its candidate-head drafter). vLLM's V1 runner (its CPU build) would
+    drop the candidate selector, so vLLM refuses it there; dmtp's plug-in walks the selector on V1
+    (`vllm_dflash2_proposer`). Greedy tokens are the target's, and acceptance per position is dmtp's own
+    loop's with the same drafter: the selector's picks, not the unary argmax."""
+    drafter, _ = load_block_drafter(dflash2_drafter_dir)
+    assert drafter.config.architecture == "DFlash2DraftModel"
+    assert drafter.backbone.candidate_selector.successor_codebook.abs().max() > 0   # the walk matters
+    eos = vllm_tokenizer.eos_token_id
+    ours = SpecDecoder(vllm_target, build_proposer("drafter", vllm_target, drafter=drafter),
+                       eos_token_id=eos).generate(interop_prompts, max_new_tokens=NEW_TOKENS, batch_size=8)
+    llm = make_llm(vllm_target_dir, ENGINE_ARGS, speculative_config=_spec(dflash2_drafter_dir))
     try:
-        tokens = generate_tokens(llm, interop_prompts, sampling_params(NEW_TOKENS, [vllm_tokenizer.eos_token_id]))
+        tokens = generate_tokens(llm, interop_prompts, sampling_params(NEW_TOKENS, [eos]))
+        drafts, per_pos = spec_decode_counts(llm)
+        proposer = type(llm.llm_engine.model_executor.driver_worker.worker.model_runner.drafter).__name__
     finally:
         shutdown(llm)
-    assert tokens == dmtp_run[0].tokens
-
+    assert proposer == "DFlash2Proposer"
+    assert tokens == dmtp_run[0].tokens == ours.tokens
+    assert (drafts, per_pos) == (sum(len(r) for r in ours.accepted_raw), _per_position(ours.accepted_raw))
+    assert per_pos[0] > 0
 
 
 def test_bench_vllm_compares_both_engines_losslessly(vllm_target_dir, raw_drafter_dir, dmtp_drafter_dir, tmp_path):
