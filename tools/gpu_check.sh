@@ -187,8 +187,9 @@ if wants tests; then
     grep -E "^(SKIPPED|FAILED|ERROR)|passed|failed|rc=" "$out/gpu_tests.txt" | tail -30
 fi
 # vLLM interop (tests/vllm_interop) only where a CUDA build of vLLM is installed (pip install -e ".[vllm]";
-# the GPU image has none and no network): there DFlash2 exports and hybrid targets are served, which the
-# CPU build refuses. Appended to gpu_tests.txt (the device tool brings back at most 8 files).
+# the GPU image has none and no network): there hybrid targets are served (test_vllm_hybrid.py, which the
+# CPU build cannot run) and DFlash2 goes through vLLM's own V2 runner. Appended to gpu_tests.txt (the device
+# tool brings back at most 8 files).
 if wants tests && "$PY" -c "import vllm" 2>/dev/null; then
     step vllm 120 "$PY" -m pytest -q tests/vllm_interop -p no:cacheprovider -rs >>"$out/gpu_tests.txt" 2>&1
     grep -E "passed|failed|rc=" "$out/gpu_tests.txt" | tail -3
