@@ -45,8 +45,8 @@ def served(vllm_target_dir, vllm_tokenizer, interop_prompts, dmtp_drafter_dir):
     samples, so the MTP's T1 goes to the rejection sampler with its own probabilities."""
     spec = {"method": "dflash", "model": str(dmtp_drafter_dir), "num_speculative_tokens": K,
             "draft_sample_method": "probabilistic"}
-    # KV blocks of 32 tokens (vLLM's CPU default is 128): the 64-token prompts below span whole blocks, so
-    # an engine with prefix caching on would serve their second pass from its cache.
+    # KV blocks of 32 tokens (vLLM's CPU default is 128): the 128-token prompts below span 4 whole blocks, so
+    # an engine with prefix caching on would serve 2 of them from its cache on the second pass.
     llm = make_llm(vllm_target_dir, {**ENGINE_ARGS, "block_size": 32}, speculative_config=spec)
     eos = [vllm_tokenizer.eos_token_id]
     try:
@@ -57,7 +57,7 @@ def served(vllm_target_dir, vllm_tokenizer, interop_prompts, dmtp_drafter_dir):
                                                                   for i in range(len(interop_prompts))])
         sampled_drafts, sampled_per_pos = spec_decode_counts(llm)
         greedy_again = generate_tokens(llm, interop_prompts, sampling_params(NEW_TOKENS, eos))
-        long_prompts = [p + p for p in interop_prompts]
+        long_prompts = [p * 4 for p in interop_prompts]   # 4 blocks: a hit keeps 2 (the last full one is recomputed for the drafter)
         repeats = []
         for _ in range(2):
             before = spec_decode_counts(llm)
@@ -146,11 +146,11 @@ def test_greedy_after_sampled_requests_is_unchanged(dmtp_loop, served):
 
 
 def test_a_repeated_prompt_is_drafted_as_the_first_time(served):
-    """64-token prompts twice: the same tokens and acceptance. dmtp's engine helper turns prefix caching
-    off for DMTP drafters: a cache hit would skip the prompt's rows in the plug-in's MTP cache (it lives
-    outside vLLM's block manager), and T1 would be drafted from a hidden that never saw them. (vLLM 0.32's
-    CPU build was seen recomputing such prompts from position 0 even with caching on, so the guard is
-    for builds that do hit.)"""
+    """128-token prompts twice: the same tokens and acceptance. dmtp's engine helper turns prefix caching
+    off for DMTP drafters: a cache hit skips the prompt's rows in the plug-in's MTP cache (it lives outside
+    vLLM's block manager), and T1 is drafted from a hidden that never saw them. Measured with caching on
+    and the earlier per-request MTP: the second pass took 246 rounds instead of 205. (vLLM keeps the last
+    full block out of a hit for an EAGLE-style drafter, so 64-token prompts, 2 blocks, never hit.)"""
     assert served["prefix_caching"] is False
     (first, *first_counts), (second, *second_counts) = served["repeats"]
     assert second == first
