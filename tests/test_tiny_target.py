@@ -1,4 +1,5 @@
 """The embedded target: built by the project in the real layout, with a pretrained native MTP."""
+import hashlib
 import json
 
 import pytest
@@ -38,6 +39,10 @@ def test_build_micro_from_scratch_save_reload_and_load_mtp(tmp_path):
     assert mtp.fc.weight.shape == (config["hidden_size"], 2 * config["hidden_size"])
     report = json.loads((path / "build_report.json").read_text())
     assert set(report["heldout"]) == {"code", "prose", "math"}
+    # provenance: the same recipe under another torch trains other weights, and the report says which these are
+    assert report["built_with"]["torch"] == torch.__version__
+    assert set(report["weights_sha256"]) == {"model.safetensors", "mtp.safetensors"}
+    assert report["weights_sha256"]["mtp.safetensors"] == hashlib.sha256((path / "mtp.safetensors").read_bytes()).hexdigest()
 
 
 def _heldout_ids(tokenizer, n=6, length=96):

@@ -122,6 +122,7 @@ def build_tiny_target(preset_name: str, out_dir: str | Path, progress: bool = Tr
                   "mtp_parameters": sum(p.numel() for p in mtp.parameters()),
                   **stats, "heldout": evaluate(model, mtp, val_streams, preset.seq_len)}
         save_target(model, mtp, staging, preset.mtp_apart)
+        report.update(provenance(staging))
         report["build_seconds"] = round(time.perf_counter() - started, 1)
         write_json(staging / "build_report.json", report)
         if not (keep_existing and (out_dir / "build_report.json").exists()):
@@ -135,6 +136,19 @@ def build_tiny_target(preset_name: str, out_dir: str | Path, progress: bool = Tr
         print(f"[dmtp] {preset.name} target ready at {out_dir} ({report['build_seconds']} s); "
               f"held-out: {json.dumps(report['heldout'])}")
     return out_dir
+
+
+def provenance(target_dir: Path) -> dict:
+    """What tells two builds of one recipe apart: the target's name keys its recipe, but another torch
+    (its CPU kernels sum in another order over the build's steps) trains other weights from it."""
+    import platform
+
+    import transformers
+
+    return {"built_with": {"python": platform.python_version(), "torch": torch.__version__,
+                           "transformers": transformers.__version__},
+            "weights_sha256": {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
+                               for f in sorted(Path(target_dir).glob("*.safetensors"))}}
 
 
 def save_target(model: PreTrainedModel, mtp: NativeMTP, out_dir: Path, mtp_apart: bool) -> None:
