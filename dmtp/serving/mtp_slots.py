@@ -70,7 +70,8 @@ class MTPSlots:
         slots = [self._slot(r.req_id) for r in requests]
         out = None
         short = [i for i, r in enumerate(requests) if len(r.tokens) <= self.block_rows]
-        groups = ([short] if short else []) + [[i] for i in range(len(requests)) if i not in set(short)]
+        long = [i for i, r in enumerate(requests) if len(r.tokens) > self.block_rows]
+        groups = ([short] if short else []) + [[i] for i in long]
         for group in groups:
             g = self._forward([requests[i] for i in group], [slots[i] for i in group])
             if out is None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import platform
 import random
 import shutil
 import time
@@ -21,6 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+import transformers
 from transformers import PreTrainedModel
 
 from dmtp.atomic_io import (publish_directory, remove_stale_temporaries, save_safetensors, staging_directory,
@@ -141,10 +143,6 @@ def build_tiny_target(preset_name: str, out_dir: str | Path, progress: bool = Tr
 def provenance(target_dir: Path) -> dict:
     """What tells two builds of one recipe apart: the target's name keys its recipe, but another torch
     (its CPU kernels sum in another order over the build's steps) trains other weights from it."""
-    import platform
-
-    import transformers
-
     return {"built_with": {"python": platform.python_version(), "torch": torch.__version__,
                            "transformers": transformers.__version__},
             "weights_sha256": {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
