@@ -185,10 +185,16 @@ class BlockDrafter(nn.Module):
         return self.backbone.auxiliary_loss(*args, **kwargs)
 
     # -- on disk ----------------------------------------------------------------------------------
-    def save(self, path: str | Path, tuned_mtp=None, target_path: str | Path | None = None, **extra_config) -> None:
+    def save(self, path: str | Path, tuned_mtp=None, target_path: str | Path | None = None, *,
+             state: dict[str, torch.Tensor] | None = None, dtype: torch.dtype | None = None,
+             mtp_state: dict[str, torch.Tensor] | None = None, **extra_config) -> None:
         """`tuned_mtp`: a jointly trained MTP, written beside the drafter as mtp.safetensors under
-        `target_path`'s own checkpoint names. `extra_config` goes under config.json's "dmtp" section."""
-        tensors = {INJECTION_PREFIX + k: v.detach().contiguous() for k, v in self.injection.state_dict().items()}
+        `target_path`'s own checkpoint names. `extra_config` goes under config.json's "dmtp" section.
+        `state` / `mtp_state`: this unit's / the MTP's full tensors when the modules hold shards (FSDP:
+        dmtp.training.fsdp.full_state); `dtype`: the floating tensors' precision on disk (None: as held)."""
+        state = self.state_dict() if state is None else state
+        own = lambda prefix: {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}  # noqa: E731
+        tensors = {INJECTION_PREFIX + k: v.detach().contiguous() for k, v in own("injection.").items()}
         # "injection_kwargs": the options it was built with (the key every exported drafter carries).
         meta = {"injection": self.variant, "injection_kwargs": self.injection.variant_options, **extra_config}
         if tuned_mtp is not None:
@@ -196,9 +202,9 @@ class BlockDrafter(nn.Module):
         # A variant that reads the MTP is not the published DFlash drafter: it gets its own architecture
         # name; raw DFlash stays exactly the published layout (engines serve it unchanged).
         save_drafter(path, self.backbone, extra_tensors=tensors, extra_config=meta,
-                     dmtp_architecture=self.needs_mtp)
+                     dmtp_architecture=self.needs_mtp, state=own("backbone."), dtype=dtype)
         if tuned_mtp is not None:
-            save_tuned_mtp(path, tuned_mtp, target_path)
+            save_tuned_mtp(path, tuned_mtp, target_path, state=mtp_state, dtype=dtype)
 
 
 def _make(injection, hidden_size: int, num_target_features: int, mask_token_id: int, block_size: int) -> Injection:

@@ -4,6 +4,7 @@ Each is matched by its own message, never by category or module, so any other wa
 - transformers' "Token indices sequence length is longer than the specified maximum": dmtp tokenizes
   whole documents and cuts them into windows the target can take itself;
 - Lightning's "Found N module(s) in eval mode": the frozen target and MTP are in eval mode on purpose;
+- Lightning's "use `self.log('val/...', sync_dist=True)`" across ranks: every rank walks the same rows;
 - Lightning's "Tip: ... litlogger / litmodels" advertisements;
 - the torch pytree deprecation ("`isinstance(treespec, LeafSpec)` is deprecated") raised inside Lightning.
 """
@@ -16,6 +17,8 @@ from contextlib import contextmanager
 
 WARNING_MESSAGES = (
     r"Found \d+ module\(s\) in eval mode",
+    # Every rank walks the same held-out rows (conf/trainer/default.yaml), so the epoch-level values agree.
+    r"It is recommended to use `self.log\('val/",
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",
 )
 LOG_MESSAGES = {

@@ -13,6 +13,7 @@ from dmtp.injection.catalogue import make_injection
 from dmtp.models.mtp_chain import TeacherChain
 from dmtp.training.job import build_components
 from dmtp.training.blocks import sample_anchors, valid_anchors
+from dmtp.training.draws import BatchDraws
 from tests.test_decode_loop import MAX_NEW, prompts, tokenizer  # noqa: F401
 from tests.test_decode_sampling import N_SAMPLES, STEPS, _chi2_pvalue, _exact_probs
 
@@ -107,7 +108,7 @@ def test_training_samples_m_and_leaves_mtp_slots_unsupervised():
     cfg = compose_train(["injection=multi_mtp_zero_init"])
     _, _, _, module = build_components(cfg)
     inj = module.drafter.injection
-    m = inj.sample_num_mtp((4000,), torch.Generator().manual_seed(0))
+    m = inj.sample_num_mtp((4000,), BatchDraws(torch.Generator().manual_seed(0)))
     assert torch.bincount(m, minlength=4)[1:].min() > 1200 and int(m.min()) == 1 and int(m.max()) == 3
     ids = torch.randint(10, 400, (2, 48))
     mask = torch.ones_like(ids)

@@ -107,8 +107,9 @@ class Injection(nn.Module):
         """Chained MTP steps per decoding round (S <= M): the proposals T1..TS every round computes."""
         return self.max_mtp_tokens
 
-    def sample_num_mtp(self, shape, generator: torch.Generator | None = None, device=None) -> torch.Tensor:
-        """Training: m for each block [*shape] (long). Fixed here: every block holds M tokens."""
+    def sample_num_mtp(self, shape, draws=None, device=None) -> torch.Tensor:
+        """Training: m for each block [*shape] (long), from `draws` (dmtp.training.draws: `integers`). Fixed
+        here: every block holds M tokens."""
         return torch.full(tuple(shape), self.max_mtp_tokens, dtype=torch.long, device=device)
 
     def choose_num_mtp(self, mtp_logits: torch.Tensor) -> torch.Tensor:

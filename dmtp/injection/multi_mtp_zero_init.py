@@ -61,8 +61,10 @@ class MultiMTPZeroInit(Injection):
     def mtp_steps(self) -> int:
         return self._steps
 
-    def sample_num_mtp(self, shape, generator=None, device=None):
-        return torch.randint(1, self._max + 1, tuple(shape), generator=generator, device=device)
+    def sample_num_mtp(self, shape, draws=None, device=None):
+        if draws is None:
+            return torch.randint(1, self._max + 1, tuple(shape), device=device)
+        return draws.integers(1, self._max + 1, shape, device)
 
     def choose_num_mtp(self, mtp_logits):
         steps = mtp_logits.shape[-2]

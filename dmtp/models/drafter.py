@@ -442,20 +442,27 @@ def build_drafter_from_config(config: DFlashConfig) -> DFlashDrafter:
 
 
 def save_drafter(path, drafter: DFlashDrafter, extra_tensors: dict[str, torch.Tensor] | None = None,
-                 extra_config: dict | None = None, dmtp_architecture: bool = False) -> None:
+                 extra_config: dict | None = None, dmtp_architecture: bool = False,
+                 state: dict[str, torch.Tensor] | None = None, dtype: torch.dtype | None = None) -> None:
     """Writes `config.json` (published layout; `extra_config` under "dmtp") and `model.safetensors`
     (drafter tensors under their published names, `extra_tensors` under their own keys).
     `dmtp_architecture`: name the export by its DMTP architecture (`dmtp_published`), not the
-    backbone's published one."""
+    backbone's published one. `state`: the drafter's full tensors when it holds shards (FSDP), else its
+    own; `dtype`: the floating tensors' precision on disk (None: as held), named in config.json."""
     extra_tensors = extra_tensors or {}
     bad = [k for k in extra_tensors if k.startswith(_owned_prefixes())]
     if bad:
         raise ValueError(f"extra tensor key {bad[0]!r} collides with drafter names {_owned_prefixes()}; prefix it")
-    tensors = {k: v.detach().cpu().contiguous() for k, v in drafter.state_dict().items()}
+    state = drafter.state_dict() if state is None else state
+    tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
     tensors.update({k: v.detach().cpu().contiguous() for k, v in extra_tensors.items()})
     require_finite(tensors, f"refusing to export the drafter to {path}")
+    tensors = cast_floats(tensors, dtype)
     os.makedirs(path, exist_ok=True)
     cfg = drafter.config.to_hf_config()
+    floats = {t.dtype for t in tensors.values() if t.is_floating_point()}
+    if len(floats) == 1:   # what engines read to pick the drafter's precision
+        cfg["torch_dtype"] = str(floats.pop()).removeprefix("torch.")
     if dmtp_architecture:
         cfg["architectures"] = [ARCHITECTURES[drafter.config.architecture].dmtp_published]
     if extra_config is not None:
@@ -464,6 +471,13 @@ def save_drafter(path, drafter: DFlashDrafter, extra_tensors: dict[str, torch.Te
     # directory gains its config.json only once its weights are there.
     save_safetensors(os.path.join(path, WEIGHTS_NAME), tensors, metadata={"format": "pt"})
     write_json(os.path.join(path, CONFIG_NAME), cfg)
+
+
+def cast_floats(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """Floating tensors in `dtype` (None: unchanged); integer ones as they are."""
+    if dtype is None:
+        return tensors
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
 
 
 def read_drafter_config(path) -> dict:

@@ -209,14 +209,18 @@ def _dense_names(names: dict[str, str]) -> dict[str, str]:
     return {k: n for k, n in names.items() if not k.endswith(".weight_scale_inv")}
 
 
-def save_tuned_mtp(directory: str | Path, mtp: NativeMTP, target_path: str | Path) -> Path:
+def save_tuned_mtp(directory: str | Path, mtp: NativeMTP, target_path: str | Path,
+                   state: dict[str, torch.Tensor] | None = None, dtype: torch.dtype | None = None) -> Path:
     """Write `mtp`'s tensors to `<directory>/mtp.safetensors` under `target_path`'s own checkpoint names
-    (`mtp.*`, or `model.layers.{L}.*` for DeepSeek-V3 / GLM); the target checkpoint is untouched."""
+    (`mtp.*`, or `model.layers.{L}.*` for DeepSeek-V3 / GLM); the target checkpoint is untouched. `state`:
+    its full tensors when it holds shards (FSDP); `dtype`: their precision on disk (None: as held)."""
     *_, layout, names = _checkpoint_mtp(Path(target_path))
     if layout == "none":
         raise MTPLoadError(f"checkpoint {target_path} has no MTP layer to name the tuned tensors after")
-    state = mtp.state_dict()
+    state = mtp.state_dict() if state is None else state
     tensors = {key: state[name].detach().cpu().contiguous() for key, name in _dense_names(names).items()}
+    if dtype is not None:
+        tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
     out = Path(directory) / TUNED_MTP_NAME
     require_finite(tensors, f"refusing to save the tuned MTP to {out}")
     Path(directory).mkdir(parents=True, exist_ok=True)

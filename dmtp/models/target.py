@@ -96,6 +96,10 @@ class TargetModel(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embed_tokens.weight.dtype
 
+    def decoder_layers(self) -> list[nn.Module]:
+        """The transformer blocks, in order (the units a sharded frozen target is split into)."""
+        return list(self.hf.get_decoder().layers)
+
     def check_layer_ids(self, layer_ids) -> None:
         bad = [l for l in layer_ids if not 0 <= l < self.num_layers]
         if bad:

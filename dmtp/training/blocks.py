@@ -17,6 +17,7 @@ import torch
 from dmtp.block_drafter import BlockDrafter, DraftedBlock, MTPBlockInputs
 from dmtp.injection.base import Injection
 from dmtp.models.mtp_chain import MTPChain, TeacherChain, chain_mtp
+from dmtp.training.draws import BatchDraws, RowDraws
 
 
 @dataclass
@@ -67,9 +68,11 @@ def mtp_block_inputs(mtp, feats: TeacherFeatures, anchors: torch.Tensor, steps: 
     return chain_mtp(mtp, _at_anchors(feats.mtp_hidden, anchors), steps, step, tokens=tokens, keep_logits=True)
 
 
-def sample_anchors(valid: torch.Tensor, num_anchors: int, generator: torch.Generator | None = None):
-    """valid [B, T] bool -> (anchors [B, N] sorted, keep [B, N] bool). Uniform without replacement."""
-    keys = torch.rand(valid.shape, generator=generator, device=valid.device)
+def sample_anchors(valid: torch.Tensor, num_anchors: int, generator: torch.Generator | None = None,
+                   draws: "BatchDraws | RowDraws | None" = None):
+    """valid [B, T] bool -> (anchors [B, N] sorted, keep [B, N] bool). Uniform without replacement, drawn
+    from `draws` (dmtp.training.draws), else from `generator` (else the global RNG)."""
+    keys = (draws or BatchDraws(generator)).uniform(valid.shape, valid.device)
     keys = keys.masked_fill(~valid, 2.0)
     n = max(1, min(num_anchors, int(valid.sum(1).max().item())))
     order = keys.argsort(dim=1)[:, :n]

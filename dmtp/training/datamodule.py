@@ -29,14 +29,16 @@ def _split_evenly(total: int, parts: int) -> list[int]:
 
 
 class Rows(Dataset):
-    def __init__(self, rows: list[dict]):
-        self.rows = rows
+    """`with_index`: each row also carries its index in the set (training: its anchors are drawn from it)."""
+
+    def __init__(self, rows: list[dict], with_index: bool = False):
+        self.rows, self.with_index = rows, with_index
 
     def __len__(self):
         return len(self.rows)
 
     def __getitem__(self, i):
-        return self.rows[i]
+        return {**self.rows[i], "index": i} if self.with_index else self.rows[i]
 
 
 def _collate(rows: list[dict]) -> dict:
@@ -210,7 +212,7 @@ class DraftDataModule(L.LightningDataModule):
         trainer = self.trainer
         sampler = ResumableSampler(Rows(self.train_rows), seed=self.seed, num_replicas=trainer.world_size if trainer else 1,
                                    rank=trainer.global_rank if trainer else 0)
-        return ResumableLoader(Rows(self.train_rows), sampler=sampler, batch_size=self.batch_size,
+        return ResumableLoader(Rows(self.train_rows, with_index=True), sampler=sampler, batch_size=self.batch_size,
                                drop_last=len(self.train_rows) >= self.batch_size, collate_fn=_collate,
                                num_workers=self.num_workers)
 

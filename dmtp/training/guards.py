@@ -13,15 +13,21 @@ import math
 
 import lightning as L
 import torch
+from torch.distributed.tensor import DTensor
 
 
 class NonFiniteError(ValueError):
     """A non-finite loss, gradient or weight stopped training."""
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of an FSDP-sharded tensor (every rank checks its own; the decision is reduced)."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 def _first_nonfinite(named) -> str | None:
     """Name of the first tensor with a NaN/inf entry (one host sync when all are finite)."""
-    named = [(n, t.detach()) for n, t in named if t is not None]
+    named = [(n, _local(t.detach())) for n, t in named if t is not None]
     if not named or bool(torch.stack([torch.isfinite(t).all() for _, t in named]).all()):
         return None
     return next(n for n, t in named if not torch.isfinite(t).all())

@@ -3,10 +3,12 @@ trainer -> fit -> export (the body of `python -m dmtp.train`; conf/train.yaml). 
 from its own config group only."""
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -20,8 +22,9 @@ from dmtp.models.drafter_fit import require_target_fit
 from dmtp.models.mtp_loading import MTPLoadError, load_native_mtp
 from dmtp.models.target import load_tokenizer
 from dmtp.training.guards import FiniteGuard
-from dmtp.training.progress import step_progress_bar
+from dmtp.training.progress import ProgressLines, step_progress_bar, stdout_is_terminal
 from dmtp.training.checkpoint_io import AtomicCheckpointIO
+from dmtp.training.fsdp import full_state, gathered
 from dmtp.training.resume import check_checkpoint_fits, checkpoint_shapes, claim_run_dir, read_checkpoint, resume_plan
 from dmtp.training.run_config import RecordRunConfig, recorded_config, resumed_config
 from dmtp.training.rng_state import ResumableRNG
@@ -30,7 +33,7 @@ from dmtp.reports.walk import walk_table
 
 def build_components(cfg: DictConfig):
     """Everything `fit` needs, from the composed config (also used by tests and sweeps)."""
-    target = instantiate(cfg.target)
+    target = instantiate(cfg.target, device=target_device(cfg))
     tokenizer = load_tokenizer(target.path)
     make_injection = instantiate(cfg.injection)
     if cfg.init_from:   # a published (or earlier) drafter's backbone, with this run's injection
@@ -49,6 +52,40 @@ def build_components(cfg: DictConfig):
     data = instantiate(cfg.data)(tokenizer=tokenizer, target=target)
     module = instantiate(cfg.model)(target=target, mtp=mtp, drafter=drafter)
     return target, tokenizer, data, module
+
+
+def trainer_uses_cuda(trainer_cfg) -> bool:
+    """Whether the configured trainer runs on CUDA devices: one line when it asks for them and there are none."""
+    accelerator = str(trainer_cfg.get("accelerator", "cpu"))
+    if accelerator in ("gpu", "cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"trainer.accelerator={accelerator} but this machine has no CUDA device "
+                             "(use trainer=cpu, or trainer.accelerator=cpu)")
+        return True
+    return accelerator == "auto" and torch.cuda.is_available()
+
+
+def target_device(cfg: DictConfig) -> str:
+    """target.device, where `auto` (the default) follows the trainer: this rank's GPU on a CUDA trainer (so the
+    target, its MTP and the data regeneration before fit run there), else the CPU."""
+    device = str(cfg.target.get("device") or "auto")
+    if device != "auto":
+        return device
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if trainer_uses_cuda(cfg.trainer) else "cpu"
+
+
+EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_PRECISION_DTYPES = {"bf16-mixed": "bfloat16", "bf16-true": "bfloat16", "bf16": "bfloat16",
+                     "16-mixed": "float16", "16-true": "float16", "16": "float16"}
+
+
+def export_dtype(cfg: DictConfig) -> torch.dtype:
+    """The exported drafter's precision: `export_dtype`, or by default the training precision's (bf16 for
+    bf16-mixed, as published DFlash drafters are; fp32 for 32-true)."""
+    name = cfg.get("export_dtype") or _PRECISION_DTYPES.get(str(cfg.trainer.get("precision")), "float32")
+    if name not in EXPORT_DTYPES:
+        raise ValueError(f"export_dtype must be one of {', '.join(EXPORT_DTYPES)} (or null), got {name!r}")
+    return EXPORT_DTYPES[name]
 
 
 _LENGTH_AT_LEAST = re.compile(r"P\(L>=([0-9]+)\)")   # "P(L>=k)" -> "p_len_ge_k" (also after "mtp415_")
@@ -71,6 +108,14 @@ def flat_metrics(cfg: DictConfig, summary: dict) -> dict:
 
 def _instantiate_dict(node) -> list:
     return [instantiate(v) for v in (node or {}).values() if v is not None and "_target_" in v]
+
+
+def _walk_table_now(cfg: DictConfig, module, trainer) -> str | None:
+    """The walk's table from the metrics of the validation that just ended (ProgressLines, in log files)."""
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+    summary = {"injection": module.drafter.variant, "drafter_arch": module.drafter.config.architecture,
+               "global_step": trainer.global_step, **metrics}
+    return walk_table(flat_metrics(cfg, summary))
 
 
 # Safety rules, not options: added to every run (callbacks=none included) unless already configured.
@@ -97,6 +142,8 @@ def train(cfg: DictConfig, callbacks=(), overrides: list[str] | None = None) -> 
         with open_dict(cfg):
             cfg.paths.output_dir = str(resumed_dir)
     output_dir = Path(cfg.paths.output_dir)
+    dtype = export_dtype(cfg)   # bad options answer before anything is built
+    trainer_uses_cuda(cfg.trainer)
     if rank_zero_only.rank == 0:
         claim_run_dir(output_dir, resuming=resumed_dir is not None)
     L.seed_everything(cfg.seed, workers=True)
@@ -106,36 +153,47 @@ def train(cfg: DictConfig, callbacks=(), overrides: list[str] | None = None) -> 
     configured = _instantiate_dict(cfg.get("callbacks")) + list(callbacks)
     configured += [cls() for cls in ALWAYS_ON_CALLBACKS if not any(isinstance(c, cls) for c in configured)]
     configured.append(RecordRunConfig(cfg))
+    bar = {}
     if cfg.trainer.get("enable_progress_bar", True) and not any(isinstance(c, ProgressBar) for c in configured):
-        configured.append(step_progress_bar())   # counts steps: Lightning's own reads "Epoch 0/-2" here
+        if stdout_is_terminal():
+            configured.append(step_progress_bar())   # counts steps: Lightning's own reads "Epoch 0/-2" here
+        else:   # a log file: lines every log_every_n_steps and the walk's table, no bar
+            configured.append(ProgressLines(cfg.trainer.get("log_every_n_steps") or 50,
+                                            table=lambda tr: _walk_table_now(cfg, module, tr)))
+            bar = {"enable_progress_bar": False}
     trainer = instantiate(cfg.trainer, callbacks=configured, logger=_instantiate_dict(cfg.get("logger")) or False,
-                          plugins=[AtomicCheckpointIO()])
+                          plugins=[AtomicCheckpointIO()], **bar)
     trainer.fit(module, datamodule=data, ckpt_path=ckpt_path, weights_only=True)
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
     summary = {"injection": module.drafter.variant, "drafter_arch": module.drafter.config.architecture,
                "global_step": trainer.global_step,
                "target": target.path, **metrics}
-    if trainer.is_global_zero and not trainer.fast_dev_run:
-        drafter_dir = output_dir / "drafter"
-        tuned = module.mtp if module.train_mtp else None   # joint training: the MTP travels with its drafter
-        module.drafter.save(drafter_dir, tuned_mtp=tuned, target_path=target.path, target=target.path,
-                            train_config=OmegaConf.to_container(cfg, resolve=False))
-        summary["drafter"] = str(drafter_dir)
-        write_json(output_dir / "train_metrics.json", summary)
-        record = flat_metrics(cfg, summary)
-        if cfg.get("decode_eval") and cfg.decode_eval.enabled:
-            from dmtp.training.evaluate import decode_after_training
+    tuned = module.mtp if module.train_mtp else None   # joint training: the MTP travels with its drafter
+    # Full tensors on every rank (a collective under FSDP, where each rank holds shards), written by rank 0.
+    drafter_state = full_state(module.drafter)
+    mtp_state = full_state(tuned) if tuned is not None else None
+    with gathered(module):   # the decode below uses the drafter whole (every rank takes part under FSDP)
+        if trainer.is_global_zero and not trainer.fast_dev_run:
+            drafter_dir = output_dir / "drafter"
+            module.drafter.save(drafter_dir, tuned_mtp=tuned, target_path=target.path, state=drafter_state,
+                                mtp_state=mtp_state, dtype=dtype, target=target.path,
+                                train_config=OmegaConf.to_container(cfg, resolve=False))
+            summary["drafter"] = str(drafter_dir)
+            write_json(output_dir / "train_metrics.json", summary)
+            record = flat_metrics(cfg, summary)
+            if cfg.get("decode_eval") and cfg.decode_eval.enabled:
+                from dmtp.training.evaluate import decode_after_training
 
-            opts = {k: v for k, v in cfg.decode_eval.items() if k != "enabled"}
-            record.update(decode_after_training(target, module.mtp, module.drafter, tokenizer, **opts))
-        write_json(output_dir / "metrics.json", record)
-        print(f"[dmtp] drafter ({summary['injection']}) exported to {drafter_dir}")
-        if tuned is not None:
-            print(f"[dmtp] its jointly trained MTP: {drafter_dir / 'mtp.safetensors'} (the target checkpoint is unchanged)")
-        print(f"[dmtp] checkpoints in {output_dir / 'checkpoints'}; TensorBoard logs: tensorboard --logdir {output_dir}")
-        table = walk_table(record)
-        if table is not None:
-            print(table)
-        print(f"[dmtp] decode with it: python -m dmtp.infer drafter={drafter_dir}")
+                opts = {k: v for k, v in cfg.decode_eval.items() if k != "enabled"}
+                record.update(decode_after_training(target, module.mtp, module.drafter, tokenizer, **opts))
+            write_json(output_dir / "metrics.json", record)
+            print(f"[dmtp] drafter ({summary['injection']}) exported to {drafter_dir}")
+            if tuned is not None:
+                print(f"[dmtp] its jointly trained MTP: {drafter_dir / 'mtp.safetensors'} (the target checkpoint is unchanged)")
+            print(f"[dmtp] checkpoints in {output_dir / 'checkpoints'}; TensorBoard logs: tensorboard --logdir {output_dir}")
+            table = walk_table(record)
+            if table is not None:
+                print(table)
+            print(f"[dmtp] decode with it: python -m dmtp.infer drafter={drafter_dir}")
     return summary

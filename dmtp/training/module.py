@@ -23,6 +23,8 @@ from dmtp.block_drafter import BlockDrafter, MTPBlockInputs
 from dmtp.models.drafter_fit import require_target_fit
 from dmtp.training.blocks import (draft_blocks, mtp_block_inputs, predicted_positions, sample_anchors, teacher_features,
                                   valid_anchors)
+from dmtp.training.draws import BatchDraws, RowDraws
+from dmtp.training.fsdp import gathered, is_sharded, shard_trainable
 from dmtp.training.resume import current_key
 from dmtp.training.validation import exact_acceptance
 
@@ -79,6 +81,9 @@ class DMTPModule(L.LightningModule):
             mtp.requires_grad_(True)
         self.strict_loading = False  # checkpoints omit the frozen target and MTP
         self._val_results: dict[str, list[dict]] = {}
+        # Training's anchors are drawn per row from (this seed, step, row index): dmtp.training.draws.
+        # seed_everything(cfg.seed) ran before the module was built, so this is the run's seed.
+        self.draw_seed = torch.initial_seed()
 
     # -- frozen parts stay frozen ---------------------------------------------------------------
     @property
@@ -98,6 +103,18 @@ class DMTPModule(L.LightningModule):
                 frozen.eval()
         return self
 
+    def configure_model(self) -> None:
+        """Under the FSDP strategy (dmtp.training.fsdp; Lightning calls this with its device mesh set), shard
+        the trainable parts as one unit, the frozen target and MTP left out (or the target's decoder layers
+        sharded layer by layer with `shard_target`). Other strategies have no mesh: nothing to do."""
+        if self.device_mesh is None or is_sharded(self.drafter):
+            return
+        strategy = self.trainer.strategy
+        mesh = strategy.device_mesh["data_parallel"]
+        frozen = [m for m in (self.target, self.mtp) if m is not None]
+        layers = list(self.target.decoder_layers()) if getattr(strategy, "shard_target", False) else []
+        shard_trainable(self, frozen, mesh, layers)
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items()
                                     if not k.startswith(self.checkpoint_excludes)}
@@ -106,13 +123,21 @@ class DMTPModule(L.LightningModule):
         checkpoint["state_dict"] = {current_key(k): v for k, v in checkpoint["state_dict"].items()}
 
     # -- the loss ---------------------------------------------------------------------------------
-    def block_loss(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, generator=None, step: int | None = None):
+    def forward(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, draws=None, step: int | None = None):
+        """The whole training loss of a batch (`block_loss`): under FSDP the trainable unit is gathered for
+        it, and its gradients reduced after its backward, through this call (dmtp.training.fsdp)."""
+        return self.block_loss(input_ids, loss_mask, step=step, draws=draws)
+
+    def block_loss(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, generator=None, step: int | None = None,
+                   draws=None):
         """(loss, per-position accuracy, number of supervised slots). The loss is the position-decayed CE
         plus the drafter's own `auxiliary_loss` (0 for DFlash v1; DFlash2's selector term, scheduled by
-        `step`), which is also kept in `self.last_auxiliary_loss`."""
+        `step`), which is also kept in `self.last_auxiliary_loss`. Random draws (anchors, m) come from
+        `draws` (dmtp.training.draws), else from `generator`."""
         inj = self.drafter.injection
+        draws = draws or BatchDraws(generator)
         feats = teacher_features(self.target, self.mtp, self.drafter, input_ids, mtp_grad=self.train_mtp)
-        anchors, keep = sample_anchors(valid_anchors(inj, loss_mask), self.num_anchors, generator)
+        anchors, keep = sample_anchors(valid_anchors(inj, loss_mask), self.num_anchors, draws=draws)
         t = input_ids.shape[1]
         mtp_inputs = num = None
         if inj.uses_mtp:
@@ -121,7 +146,7 @@ class DMTPModule(L.LightningModule):
             offsets = torch.arange(1, steps + 1, device=input_ids.device)
             after = (anchors[..., None] + offsets).clamp(max=t - 1)
             data = input_ids.gather(1, after.flatten(1)).view_as(after)
-            num = inj.sample_num_mtp(anchors.shape, generator, input_ids.device)
+            num = inj.sample_num_mtp(anchors.shape, draws, input_ids.device)
             chain = mtp_block_inputs(self.mtp, feats, anchors, steps, tokens=data, mtp_grad=self.train_mtp)
             if self.t1_source == "mtp":   # keep a block only if the MTP itself proposes its m tokens
                 own = self.mtp.logits(chain.hidden).argmax(-1)
@@ -153,7 +178,7 @@ class DMTPModule(L.LightningModule):
             ce = (log_p.exp() * (log_p - torch.log_softmax(logits, -1))).sum(-1)
         else:
             ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view_as(weights)
-        loss = (ce * weights).sum() / weights.sum().clamp(min=1e-6)
+        loss = (ce * weights).sum() / self._mean_over_ranks(weights.sum()).clamp(min=1e-6)
         # Each predicted slot's predecessor is the token one position earlier on the gold path: the slot
         # before the first prediction holds A (raw_dflash) or T1 (= the data token x_{a+1} in training).
         prev = torch.cat([block.previous[..., None], labels[..., :-1]], dim=-1)
@@ -168,6 +193,17 @@ class DMTPModule(L.LightningModule):
         correct = (logits.argmax(-1) == labels) & mask
         acc = correct.flatten(0, 1).sum(0) / mask.flatten(0, 1).sum(0).clamp(min=1)
         return loss, acc, mask.sum()
+
+    def _mean_over_ranks(self, total: torch.Tensor) -> torch.Tensor:
+        """In training across data-parallel ranks: the mean of `total` (the loss weights' sum) over the ranks,
+        so that the ranks' averaged gradients are those of ONE weighted mean over the global batch, the same
+        at any world size. Elsewhere `total` itself."""
+        trainer = self._trainer
+        if not (torch.is_grad_enabled() and self.training and trainer is not None and trainer.world_size > 1):
+            return total
+        total = total.detach().clone()
+        torch.distributed.all_reduce(total)
+        return total / trainer.world_size
 
     def mtp_next_token_loss(self, feats, loss_mask: torch.Tensor) -> torch.Tensor:
         """The MTP's own loss: g_t (row t, t = 1..T-2) predicts x_{t+1}, against the same labels as the
@@ -184,7 +220,9 @@ class DMTPModule(L.LightningModule):
         return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
 
     def training_step(self, batch, batch_idx):
-        loss, acc, n = self.block_loss(batch["input_ids"], batch["loss_mask"], step=self.global_step)
+        # Anchors per row from (seed, step, row index): the same draws at any world size (dmtp.training.draws).
+        draws = RowDraws(self.draw_seed, self.global_step, batch["index"])
+        loss, acc, n = self(batch["input_ids"], batch["loss_mask"], draws, self.global_step)
         bs = batch["input_ids"].shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=bs)
         if self.drafter.auxiliary_loss_name:
@@ -200,6 +238,10 @@ class DMTPModule(L.LightningModule):
 
     # -- validation: teacher-forced loss + exact acceptance on the target's own continuations -------
     def validation_step(self, batch, batch_idx, dataloader_idx: int = 0):
+        with gathered(self):   # the walk uses the drafter outside its forward (a no-op unless sharded)
+            self._validation_step(batch, batch_idx)
+
+    def _validation_step(self, batch, batch_idx) -> None:
         domain = batch["domain"][0] if isinstance(batch["domain"], list) else batch["domain"]
         gen = torch.Generator(device=batch["input_ids"].device).manual_seed(1234 + batch_idx)
         loss, acc, _ = self.block_loss(batch["input_ids"], batch["loss_mask"], generator=gen, step=self.global_step)
