@@ -64,7 +64,7 @@ def test_two_fsdp_ranks_train_and_resume_as_one_rank(tmp_path):
 def test_fsdp_with_a_bf16_target_beside_the_fp32_drafter_exports_bf16(tmp_path):
     """The crash of the old strategy: a bf16 frozen target and an fp32 trained drafter in one module."""
     out = _train(tmp_path / "run", *FSDP_CPU, "trainer.devices=2", "data.batch_size=2", "trainer.max_steps=2",
-                 "target.dtype=bfloat16", "trainer.precision=bf16-mixed", "callbacks=none")
+                 "target.dtype=bfloat16", "trainer.precision=bf16-mixed")
     assert out.count("exported to") == 1
     config = json.loads((tmp_path / "run" / "drafter" / "config.json").read_text())
     assert config["torch_dtype"] == "bfloat16"                 # export_dtype follows bf16-mixed
