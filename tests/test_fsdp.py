@@ -61,11 +61,13 @@ def test_two_fsdp_ranks_train_and_resume_as_one_rank(tmp_path):
 
 
 @pytest.mark.slow
-def test_fsdp_with_a_bf16_target_beside_the_fp32_drafter_exports_bf16(tmp_path):
+def test_fsdp_with_a_sharded_bf16_target_beside_the_fp32_drafter_exports_bf16(tmp_path):
     """The crash of the old strategy: a bf16 frozen target and an fp32 trained drafter in one module."""
+    # The target's layers sharded too (shard_target), and the validation walk on (it reads the drafter whole).
     out = _train(tmp_path / "run", *FSDP_CPU, "trainer.devices=2", "data.batch_size=2", "trainer.max_steps=2",
-                 "target.dtype=bfloat16", "trainer.precision=bf16-mixed")
-    assert out.count("exported to") == 1
+                 "target.dtype=bfloat16", "trainer.precision=bf16-mixed", "trainer.strategy.shard_target=true",
+                 "model.val_walk=true", "trainer.val_check_interval=2")
+    assert out.count("exported to") == 1 and "final validation walk" in out
     config = json.loads((tmp_path / "run" / "drafter" / "config.json").read_text())
     assert config["torch_dtype"] == "bfloat16"                 # export_dtype follows bf16-mixed
     tensors = load_file(tmp_path / "run" / "drafter" / "model.safetensors")
