@@ -119,3 +119,45 @@ def test_bench_peer_in_bfloat16_with_a_sized_drafter(micro_target_dir):
     assert report["dtype"] == "bfloat16" and report["block_size"] == 16 and report["drafter_layers"] == 2
     greedy = report["peer"]["0.0"]
     assert greedy["dmtp"]["requests"] == 2 and greedy["reference"]["tok_s"] > 0
+
+
+def test_profile_decode_floor_timings_and_kernels(tmp_path, micro_target_dir):
+    """tools/profile_decode.py on CPU: the floor arithmetic from the weights' bytes, one row per
+    (gqa mode, batch, context, method) with AR's own ratio 1, and a kernel table per profiled method."""
+    import profile_decode
+
+    from dmtp.models.qwen3 import gqa_mode
+    from dmtp.models.target import TargetModel
+
+    before = gqa_mode("cpu")
+    out = tmp_path / "profile.json"
+    report = profile_decode.main(["--target", str(micro_target_dir), "--methods", "ar,raw_dflash",
+                                  "--random-block-size", "16", "--batch-sizes", "1", "2", "--contexts", "24",
+                                  "--gqa-modes", "repeat", "grouped", "--new-tokens", "6", "--kernels", "5",
+                                  "--kernel-rounds", "2", "--threads", "1", "--out", str(out)])
+    assert gqa_mode("cpu") == before   # the A/B leaves the process's mode as it was
+    target = TargetModel.from_pretrained(micro_target_dir)
+    params = sum(p.numel() for p in target.parameters())
+    assert report["weight_bytes"]["target"] == 4 * params
+    assert abs(report["floor_ms"]["target"] - 4 * params / 4.8e12 * 1e3) < 1e-9
+    assert report["weight_bytes"]["drafter"] > report["weight_bytes"]["lm_head"]
+    rows = report["rows"]
+    assert len(rows) == 2 * 2 * 2 and {r["gqa"] for r in rows} == {"repeat", "grouped"}
+    for r in rows:
+        assert r["round_ms"] > 0 and r["x_floor"] > 0
+        if r["method"] == "ar":
+            assert r["x_ar_step"] == 1.0
+        else:
+            assert r["verify_ms"] > 0 and r["drafter_ms"] > 0
+    assert set(report["kernels"]) == {"ar", "raw_dflash"}
+    assert report["kernels"]["ar"][-1]["name"] == "total" and len(report["kernels"]["ar"]) == 6
+    assert json.loads(out.read_text())["rows"] == rows
+
+
+def test_profile_decode_refuses_unknown_methods(capsys, micro_target_dir):
+    import profile_decode
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        profile_decode.main(["--target", str(micro_target_dir), "--methods", "ar,dflash3"])
+    assert e.value.code == 2 and "unknown method 'dflash3'" in capsys.readouterr().err
