@@ -123,3 +123,30 @@ def test_grouped_query_decoding_is_lossless(gqa, micro_target, micro_mtp, prompt
                                   name=method)
     res = SpecDecoder(micro_target, proposer, eos_token_id=eos).generate(prompts, max_new_tokens=MAX_NEW, batch_size=4)
     assert res.tokens == refs
+
+
+def test_long_prefill_repeats_kv_instead_of_the_mask(gqa, monkeypatch):
+    """Grouped attention repeats the mask over the group, which for Tq >= 2*hkv*d rows (a long prefill)
+    would cost more than repeating K/V once: that call repeats K/V instead, with the same result."""
+    import torch.nn.functional as F
+
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        seen.append((q.shape[1], k.shape[1]))
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+
+    b, h, hkv, d = 2, 4, 2, 4   # 2 * hkv * d = 16 rows
+    for t, heads in ((15, (2, 2)), (16, (4, 4))):
+        gen = torch.Generator().manual_seed(t)
+        q, k, v = torch.randn(b, h, t, d, generator=gen), torch.randn(b, hkv, 30, d, generator=gen), \
+            torch.randn(b, hkv, 30, d, generator=gen)
+        mask = _cache_mask(b, t, 30, [0, 7])
+        gqa("repeat")
+        ref = attend(q, k, v, mask)
+        gqa("grouped")
+        monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+        torch.testing.assert_close(attend(q, k, v, mask), ref, rtol=1e-5, atol=1e-6)
+        monkeypatch.setattr(F, "scaled_dot_product_attention", real)
+        assert seen[-1] == heads

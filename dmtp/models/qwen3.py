@@ -123,7 +123,9 @@ def _grouped_attention(q, k, v, mask):
             mask = mask.reshape(mask.shape[0], hkv, g * t, mask.shape[-1])
         elif t == 1:                    # one query row per head: broadcast, no copy
             mask = mask.expand(mask.shape[0], 1, g, mask.shape[-1])
-        else:                           # rows i*Tq + s see what row s sees (small: Tq x W per request)
+        elif g * t >= 2 * h * d:        # a long prefill: the repeated mask (B x g x Tq x W) would outgrow
+            return None                 # repeated K/V (B x 2h x W x d); repeat those instead, for this call
+        else:                           # rows i*Tq + s see what row s sees (decode rows: Tq x W per request)
             mask = mask.repeat(1, 1, g, 1)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
     return out.reshape(b, h, t, v.shape[-1])
@@ -143,7 +145,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
         if mode == "native":
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         if mode == "grouped":
-            return _grouped_attention(q, k, v, mask)
+            out = _grouped_attention(q, k, v, mask)
+            if out is not None:
+                return out
         rep = q.shape[1] // k.shape[1]
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
