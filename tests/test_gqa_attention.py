@@ -150,3 +150,36 @@ def test_long_prefill_repeats_kv_instead_of_the_mask(gqa, monkeypatch):
         torch.testing.assert_close(attend(q, k, v, mask), ref, rtol=1e-5, atol=1e-6)
         monkeypatch.setattr(F, "scaled_dot_product_attention", real)
         assert seen[-1] == heads
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 16])
+def test_cuda_grouped_attention_reads_the_cache_in_place(gqa, t):
+    """On CUDA bf16: grouped equals repeated attention (to bf16 rounding), runs on a fused kernel (the math
+    kernel excluded), and allocates far less than one copy of the cache, where repeat allocates the
+    group's worth of copies."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    b, h, hkv, slots, d = 4, 32, 8, 2048, 128
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(b, hkv, slots, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v = torch.randn_like(k)
+    mask = additive_mask(_cache_mask(b, t, slots, [100, 700, 1500, 2000 - t]).cuda(), torch.bfloat16)
+    cache_bytes = 2 * k.numel() * k.element_size()
+    peak = {}
+    out = {}
+    for mode in ("repeat", "grouped"):
+        gqa(mode)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        out[mode] = attend(q, k, v, mask)
+        torch.cuda.synchronize()
+        peak[mode] = torch.cuda.max_memory_allocated() - base
+    torch.testing.assert_close(out["grouped"].float(), out["repeat"].float(), rtol=2e-2, atol=2e-2)
+    assert peak["repeat"] >= 0.9 * (h // hkv) * cache_bytes
+    assert peak["grouped"] < 0.25 * cache_bytes
+    gqa("grouped")
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
+        torch.testing.assert_close(attend(q, k, v, mask), out["grouped"])

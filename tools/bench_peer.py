@@ -234,6 +234,14 @@ def main(argv=None) -> dict:
                                       hf_runs[b], "generate()", greedy=True)
         print(table)
         report["ar"][str(b)] = figures
+    if args.cuda_graphs:   # the same shapes eager and captured: identical greedy tokens expected in any dtype
+        pairs = [("dmtp", "dmtp graphs", peer[0.0])] + [("dmtp AR", "dmtp AR graphs", hf_runs[b]) for b in args.hf_batch_sizes]
+        same = {f"{g} vs {e}" + ("" if runs is peer[0.0] else f" (batch {b})"): sum(
+            x == y for x, y in zip(runs[e][-1]["tokens"], runs[g][-1]["tokens"]))
+            for (e, g, runs), b in zip(pairs, [1, *args.hf_batch_sizes])}
+        report["graphs_vs_eager_identical"] = same
+        print("greedy, CUDA graphs vs eager at the same shapes, identical outputs: "
+              + ", ".join(f"{k} {v}/{len(prompts)}" for k, v in same.items()))
     if args.compile:
         print("\ncompile time (s, warm-up, not in tok/s): " + ", ".join(f"{k} {v:.1f}" for k, v in compile_s.items()))
     if args.out:
