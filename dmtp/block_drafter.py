@@ -230,14 +230,16 @@ def build_block_drafter(target, injection, mask_token_id: int, target_layer_ids:
 
 
 def fresh_drafter_for(target, name: str, mask_token_id: int, seed: int = 0, num_layers: int = 1,
-                      perturb: float = 0.0, block_size: int = DFlashConfig.block_size, **options) -> BlockDrafter:
-    """An untrained drafter sized to `target` (tests, benchmark plumbing): one tapped layer (the middle
-    one), the target's widths, blocks of `block_size`, in eval mode. `perturb` adds noise to the
-    injection's weights so that every injected path (zero-init fusion included) changes the drafter's
-    output. `options`: the variant's own (e.g. mtp_threshold)."""
+                      perturb: float = 0.0, block_size: int = DFlashConfig.block_size, num_target_features: int = 1,
+                      **options) -> BlockDrafter:
+    """An untrained drafter sized to `target` (tests, benchmark plumbing): `num_target_features` tapped
+    layers (one: the middle one; more: DFlash's spread), `num_layers` layers of the target's widths, blocks
+    of `block_size`, in eval mode (benchmarks size it like a published drafter: 5 layers, 5 taps, block 16).
+    `perturb` adds noise to the injection's weights so that every injected path (zero-init fusion included)
+    changes the drafter's output. `options`: the variant's own (e.g. mtp_threshold)."""
     torch.manual_seed(seed)
     drafter = build_block_drafter(target, lambda **s: make_injection(name, **s, **options), mask_token_id,
-                                  num_target_features=1, num_layers=num_layers, block_size=block_size)
+                                  num_target_features=num_target_features, num_layers=num_layers, block_size=block_size)
     if perturb:
         with torch.no_grad():
             for p in drafter.injection.parameters():

@@ -69,3 +69,95 @@ def test_repeated_drafters_merge_eager_with_eager_and_compiled_with_compiled():
     assert [bench_decode.method_of(label) for label in
             ("raw_dflash", "raw_dflash#4", "raw_dflash compiled", "raw_dflash#10 compiled")] == [
         "raw_dflash", "raw_dflash", "raw_dflash compiled", "raw_dflash compiled"]
+
+
+def test_random_drafters_take_a_published_size(tmp_path, micro_target_dir):
+    """--random-drafter-preset dflash-qwen3-8b sizes random drafters like the published one (5 layers, 5 taps,
+    block 16); the three explicit options override it (here 2 layers, 3 taps, block 16 kept)."""
+    out = tmp_path / "bench.json"
+    report = bench_decode.main(["--target", str(micro_target_dir), "--random-drafters", "raw_dflash",
+                                "--random-drafter-preset", "dflash-qwen3-8b", "--random-drafter-layers", "2",
+                                "--random-drafter-taps", "3", "--domains", "code", "--num-prompts", "1",
+                                "--prompt-tokens", "16", "--max-new-tokens", "6", "--batch-size", "1", "--no-hf",
+                                "--threads", "1", "--out", str(out)])
+    assert report["random_drafter_size"] == {"num_layers": 2, "num_target_features": 3, "block_size": 16}
+    assert len(report["methods"]["raw_dflash"]["p_len_ge"]) == 15   # block 16: 15 candidates per round
+    assert report["identical_to_ar"]["raw_dflash"] == 1
+    from dmtp.models.target import TargetModel
+
+    target = TargetModel.from_pretrained(micro_target_dir)
+    drafter, _ = bench_decode.random_drafter(target, "raw_dflash", 3, "cpu", None,
+                                             size=bench_decode.RANDOM_DRAFTER_PRESETS["dflash-qwen3-8b"])
+    cfg = drafter.config
+    assert (cfg.num_hidden_layers, len(cfg.target_layer_ids), cfg.block_size) == (5, 5, 16)
+
+
+def test_random_drafter_sizes_are_checked(capsys, micro_target_dir):
+    import pytest
+
+    for argv, message in ((["--random-block-size", "1"], "--random-block-size must be in 2..64"),
+                          (["--random-drafter-layers", "0"], "at least 1 layer and 1 tap"),
+                          (["--random-drafter-taps", "99"], "exceeds the target's")):
+        with pytest.raises(SystemExit) as e:
+            bench_decode.main(["--target", str(micro_target_dir), "--random-drafters", "raw_dflash", *argv])
+        assert e.value.code == 2
+        assert message in capsys.readouterr().err
+
+
+def test_bench_peer_in_bfloat16_with_a_sized_drafter(micro_target_dir):
+    """--dtype bfloat16 and a random drafter of a given size (block 16): both loops run in bf16 on the same
+    drafter; the report says so."""
+    import pytest
+
+    pytest.importorskip("dflash.model")
+    import bench_peer
+
+    report = bench_peer.main(["--target", str(micro_target_dir), "--random-drafter", "--random-drafter-layers", "2",
+                              "--random-drafter-taps", "2", "--random-block-size", "16", "--dtype", "bfloat16",
+                              "--domains", "code", "--num-prompts", "2", "--prompt-tokens", "16", "--max-new-tokens", "6",
+                              "--reps", "1", "--temperature", "0", "--hf-batch-sizes", "--threads", "1"])
+    assert report["dtype"] == "bfloat16" and report["block_size"] == 16 and report["drafter_layers"] == 2
+    greedy = report["peer"]["0.0"]
+    assert greedy["dmtp"]["requests"] == 2 and greedy["reference"]["tok_s"] > 0
+
+
+def test_profile_decode_floor_timings_and_kernels(tmp_path, micro_target_dir):
+    """tools/profile_decode.py on CPU: the floor arithmetic from the weights' bytes, one row per
+    (gqa mode, batch, context, method) with AR's own ratio 1, and a kernel table per profiled method."""
+    import profile_decode
+
+    from dmtp.models.qwen3 import gqa_mode
+    from dmtp.models.target import TargetModel
+
+    before = gqa_mode("cpu")
+    out = tmp_path / "profile.json"
+    report = profile_decode.main(["--target", str(micro_target_dir), "--methods", "ar,raw_dflash",
+                                  "--random-block-size", "16", "--batch-sizes", "1", "2", "--contexts", "24",
+                                  "--gqa-modes", "repeat", "grouped", "--new-tokens", "6", "--kernels", "5",
+                                  "--kernel-rounds", "2", "--threads", "1", "--out", str(out)])
+    assert gqa_mode("cpu") == before   # the A/B leaves the process's mode as it was
+    target = TargetModel.from_pretrained(micro_target_dir)
+    params = sum(p.numel() for p in target.parameters())
+    assert report["weight_bytes"]["target"] == 4 * params
+    assert abs(report["floor_ms"]["target"] - 4 * params / 4.8e12 * 1e3) < 1e-9
+    assert report["weight_bytes"]["drafter"] > report["weight_bytes"]["lm_head"]
+    rows = report["rows"]
+    assert len(rows) == 2 * 2 * 2 and {r["gqa"] for r in rows} == {"repeat", "grouped"}
+    for r in rows:
+        assert r["round_ms"] > 0 and r["x_floor"] > 0
+        if r["method"] == "ar":
+            assert r["x_ar_step"] == 1.0
+        else:
+            assert r["verify_ms"] > 0 and r["drafter_ms"] > 0
+    assert set(report["kernels"]) == {"ar", "raw_dflash"}
+    assert report["kernels"]["ar"][-1]["name"] == "total" and len(report["kernels"]["ar"]) == 6
+    assert json.loads(out.read_text())["rows"] == rows
+
+
+def test_profile_decode_refuses_unknown_methods(capsys, micro_target_dir):
+    import profile_decode
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        profile_decode.main(["--target", str(micro_target_dir), "--methods", "ar,dflash3"])
+    assert e.value.code == 2 and "unknown method 'dflash3'" in capsys.readouterr().err

@@ -7,6 +7,8 @@
 
     python tools/bench_decode.py --drafter outputs/train/runs/A/drafter --drafter outputs/train/runs/B/drafter
     python tools/bench_decode.py --preset micro --random-drafters raw_dflash,dual_anchor_zero_init   # plumbing check
+    python tools/bench_decode.py --target /dev/shm/qwen3-8b-random --random-drafters raw_dflash,dual_anchor_zero_init \
+        --random-drafter-preset dflash-qwen3-8b --dtype bfloat16   # real shapes: timings real, tau meaningless
     python tools/bench_decode.py --drafter <raw D> --drafter <DMTP D> --temperature 1 \
         --verification target_only rejection block      # tau and tok/s of each verification rule
     python tools/bench_decode.py --drafter <multi D>@num_mtp_tokens=1 --drafter <multi D>@mtp_threshold=0.7
@@ -201,10 +203,45 @@ def random_drafter_mask_id(tok, target) -> int:
     return tok.convert_tokens_to_ids("<|mask|>") if "<|mask|>" in tok.get_vocab() else target.config.vocab_size - 1
 
 
-def random_drafter(target, name: str, mask_token_id: int, device, dtype, seed: int = 0):
+# Random drafters sized like published ones (timings real, acceptance meaningless): layers, tapped target
+# layers, block. dflash-qwen3-8b is z-lab's Qwen3-8B DFlash drafter (reference/real-scale.md); plumbing is
+# the old fixed size (1 layer, 1 tap, block 8).
+RANDOM_DRAFTER_PRESETS = {
+    "dflash-qwen3-8b": {"num_layers": 5, "num_target_features": 5, "block_size": 16},
+    "plumbing": {"num_layers": 1, "num_target_features": 1, "block_size": 8},
+}
+
+
+def add_random_drafter_size_args(ap: argparse.ArgumentParser) -> None:
+    """The options that size random drafters (bench_decode and bench_peer)."""
+    ap.add_argument("--random-drafter-preset", default="plumbing", choices=sorted(RANDOM_DRAFTER_PRESETS),
+                    help="size of random drafters: a published drafter's (dflash-qwen3-8b: 5 layers, 5 taps, "
+                         "block 16) or plumbing (1, 1, 8); the three options below override it")
+    ap.add_argument("--random-drafter-layers", type=int, default=None, help="drafter layers of random drafters")
+    ap.add_argument("--random-drafter-taps", type=int, default=None, help="tapped target layers of random drafters")
+    ap.add_argument("--random-block-size", type=int, default=None, help="block size of random drafters")
+
+
+def random_drafter_size(args, ap: argparse.ArgumentParser, target_layers: int | None = None) -> dict:
+    """The preset's size with the explicit options applied; a bad value is a one-line usage error."""
+    size = dict(RANDOM_DRAFTER_PRESETS[args.random_drafter_preset])
+    for key, value in (("num_layers", args.random_drafter_layers), ("num_target_features", args.random_drafter_taps),
+                       ("block_size", args.random_block_size)):
+        if value is not None:
+            size[key] = value
+    if size["num_layers"] < 1 or size["num_target_features"] < 1:
+        ap.error(f"random drafters need at least 1 layer and 1 tap, got {size['num_layers']} and {size['num_target_features']}")
+    if not 2 <= size["block_size"] <= 64:
+        ap.error(f"--random-block-size must be in 2..64, got {size['block_size']}")
+    if target_layers is not None and size["num_target_features"] > target_layers:
+        ap.error(f"--random-drafter-taps {size['num_target_features']} exceeds the target's {target_layers} layers")
+    return size
+
+
+def random_drafter(target, name: str, mask_token_id: int, device, dtype, seed: int = 0, size: dict | None = None):
     from dmtp.block_drafter import fresh_drafter_for
 
-    return fresh_drafter_for(target, name, mask_token_id, seed=seed).to(device, dtype), name
+    return fresh_drafter_for(target, name, mask_token_id, seed=seed, **(size or {})).to(device, dtype), name
 
 
 @torch.no_grad()
@@ -247,6 +284,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--drafter", action="append", default=[],
                     help="drafter checkpoint dir (repeatable); DIR@key=value,... sets decoding-time injection options")
     ap.add_argument("--random-drafters", default="", help="comma-separated variants with random weights (plumbing)")
+    add_random_drafter_size_args(ap)
     ap.add_argument("--domains", default="code,prose,math")
     ap.add_argument("--num-prompts", type=int, default=8, help="per domain")
     ap.add_argument("--prompt-tokens", type=int, default=64)
@@ -296,8 +334,9 @@ def main(argv=None) -> dict:
         d = load_drafter(loaded, p, device, dtype, native_mtp=mtp, options=options, block_size=block_size)
         drafters.append((d.model, d.label, d.mtp))   # d.mtp: its own jointly trained MTP, if it has one
     mask_id = random_drafter_mask_id(tok, target)
+    size = random_drafter_size(args, ap, target.config.num_hidden_layers)
     for name in filter(None, args.random_drafters.split(",")):
-        drafters.append((*random_drafter(target, name, mask_id, device, dtype), mtp))
+        drafters.append((*random_drafter(target, name, mask_id, device, dtype, size=size), mtp))
 
     graphs = not args.no_cuda_graphs
     decoders = {}
@@ -351,6 +390,7 @@ def main(argv=None) -> dict:
               "compile_s": {k: d.compile_s for k, d in decoders.items() if d.compiled},
               "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "verification": modes,
               "identical_to_ar": identical_to_ar, "requests": sum(len(ps) for ps in workloads.values()),
+              "random_drafter_size": size if args.random_drafters else None,
               **first, "hf_generate": hf, "by_verification": by_mode}
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")

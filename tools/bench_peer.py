@@ -12,6 +12,8 @@ time apart). Needs the reference package: `pip install --no-deps dflash==0.1.0`.
 
     python tools/bench_peer.py --drafter <raw DFlash run>/drafter --compile
     python tools/bench_peer.py --preset micro --random-drafter --device cuda --cuda-graphs   # a bare GPU machine
+    python tools/bench_peer.py --target /dev/shm/qwen3-8b-random --random-drafter --random-drafter-preset dflash-qwen3-8b \
+        --dtype bfloat16 --device cuda --cuda-graphs     # real shapes (random weights: timings only)
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_decode import hf_generate  # noqa: E402
+from bench_decode import add_random_drafter_size_args, hf_generate, random_drafter_size  # noqa: E402
 from dmtp.decode import SamplingConfig, SpecDecoder  # noqa: E402
 from dmtp.inference.drafters import find_latest_drafter  # noqa: E402
 from dmtp.inference.prompt_sets import embedded_prompts  # noqa: E402
@@ -74,12 +76,14 @@ def run_reference(model, target, prompts, max_new: int, eos: int | None, tempera
     return {"tokens": tokens, "tok_s": n / wall, "tau": statistics.fmean(taus) if taus else None}
 
 
-def write_random_drafter(target, tok) -> str:
-    """An untrained raw DFlash drafter for `target` in the published layout, in a temporary directory
-    (removed at exit), so that the comparison runs where no drafter was trained (a bare GPU machine)."""
+def write_random_drafter(target, tok, size: dict | None = None) -> str:
+    """An untrained raw DFlash drafter for `target` in the published layout (sized by `size`: layers, taps,
+    block; see bench_decode.RANDOM_DRAFTER_PRESETS), in a temporary directory (removed at exit), so that
+    the comparison runs where no drafter was trained (a bare GPU machine)."""
     from bench_decode import random_drafter, random_drafter_mask_id
 
-    drafter, _ = random_drafter(target, "raw_dflash", random_drafter_mask_id(tok, target), "cpu", torch.float32)
+    drafter, _ = random_drafter(target, "raw_dflash", random_drafter_mask_id(tok, target), "cpu", torch.float32,
+                                size=size)
     out = tempfile.mkdtemp(prefix="bench_peer_drafter_")
     atexit.register(shutil.rmtree, out, ignore_errors=True)
     drafter.save(out)
@@ -137,13 +141,17 @@ def main(argv=None) -> dict:
     ap.add_argument("--cuda-graphs", action="store_true", help="also our loop with CUDA graphs (--device cuda)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                    help="both loops' dtype (float32: exact greedy identity; bfloat16: real-size targets, where "
+                         "near-ties may flip between the loops' different kernels)")
+    add_random_drafter_size_args(ap)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="write the JSON report here")
     args = ap.parse_args(argv)
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    device, dtype = placement(args.device, "float32")   # the reference loop's own dtype
+    device, dtype = placement(args.device, args.dtype)
     if args.drafter and args.random_drafter:
         raise SystemExit("bench_peer: --drafter and --random-drafter exclude each other")
     if args.cuda_graphs and device.type != "cuda":
@@ -151,7 +159,7 @@ def main(argv=None) -> dict:
     loaded = load_target(target_config(args.target, args.preset), device, dtype)
     path, target, tok, eos = loaded.path, loaded.model, loaded.tokenizer, loaded.eos_token_id
     if args.random_drafter:
-        drafter_dir = write_random_drafter(target, tok)
+        drafter_dir = write_random_drafter(target, tok, random_drafter_size(args, ap, target.config.num_hidden_layers))
     else:
         latest = find_latest_drafter(target=path)   # the newest trained for this target
         drafter_dir = args.drafter or (str(latest) if latest else None)
@@ -206,10 +214,14 @@ def main(argv=None) -> dict:
                 hf_runs[b].setdefault(name, []).append(run_ours(dec, prompts, n, samplings[0.0], b, args.seed))
         load.append(os.getloadavg()[0])
 
-    print(f"\nbench_peer: {path}, drafter {drafter_dir} ({variant}, {drafter.config.architecture}), {len(prompts)} prompts "
+    print(f"\nbench_peer: {path}, drafter {drafter_dir} ({variant}, {drafter.config.architecture}, "
+          f"{drafter.config.num_hidden_layers} layers, block {drafter.config.block_size}), {str(dtype).replace('torch.', '')}, "
+          f"{len(prompts)} prompts "
           f"x {n} new tokens, {args.reps} interleaved reps, torch threads {torch.get_num_threads()}, "
           f"load average {min(load):.1f}..{max(load):.1f}")
     report = {"target": path, "drafter": drafter_dir, "prompts": len(prompts), "max_new_tokens": n, "reps": args.reps,
+              "dtype": str(dtype).replace("torch.", ""), "block_size": drafter.config.block_size,
+              "drafter_layers": drafter.config.num_hidden_layers,
               "threads": torch.get_num_threads(), "load_average": load, "compile_s": compile_s, "peer": {}, "ar": {}}
     for t in temps:
         verification = "greedy" if t == 0 else f"T={t:g}, drafts sampled, rejection sampling"
@@ -222,6 +234,14 @@ def main(argv=None) -> dict:
                                       hf_runs[b], "generate()", greedy=True)
         print(table)
         report["ar"][str(b)] = figures
+    if args.cuda_graphs:   # the same shapes eager and captured: identical greedy tokens expected in any dtype
+        pairs = [("dmtp", "dmtp graphs", peer[0.0])] + [("dmtp AR", "dmtp AR graphs", hf_runs[b]) for b in args.hf_batch_sizes]
+        same = {f"{g} vs {e}" + ("" if runs is peer[0.0] else f" (batch {b})"): sum(
+            x == y for x, y in zip(runs[e][-1]["tokens"], runs[g][-1]["tokens"]))
+            for (e, g, runs), b in zip(pairs, [1, *args.hf_batch_sizes])}
+        report["graphs_vs_eager_identical"] = same
+        print("greedy, CUDA graphs vs eager at the same shapes, identical outputs: "
+              + ", ".join(f"{k} {v}/{len(prompts)}" for k, v in same.items()))
     if args.compile:
         print("\ncompile time (s, warm-up, not in tok/s): " + ", ".join(f"{k} {v:.1f}" for k, v in compile_s.items()))
     if args.out:

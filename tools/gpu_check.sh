@@ -18,9 +18,25 @@
 #            that trained target and its drafters, CUDA graphs on, batch 1 and all prompts at 8 / 32
 #   peer     tools/bench_peer.py: the reference dflash_generate vs our loop (eager and CUDA graphs) on the
 #            same untrained raw DFlash drafter; identical greedy tokens
+#   realsize (not in the default list: GPU_CHECK_STEPS="realsize" runs it alone, ~6.5 min on an H200 by estimate)
+#            a Qwen3-8B-shaped random target drawn on the GPU into /dev/shm (dmtp.tiny.random_target; kept
+#            for a rerun while the machine is warm), then, each its own timed sub-step, into realsize.txt:
+#            rs_table   tools/profile_decode.py: memory floor, ms per round and per stage of AR, MTP415, raw
+#                       DFlash and DMTP with a published-size random drafter (5 layers, 5 taps, block 16),
+#                       batch 1 / 8 / 32, context 256, CUDA graphs, bf16
+#            rs_peer    tools/bench_peer.py --dtype bfloat16: the reference dflash_generate (one request at a
+#                       time) vs our loop on the same target and drafter, and AR vs transformers generate()
+#            rs_context AR at batch 1 and 32, contexts 256 / 2k / 8k, GQA repeat (the old K/V copy) vs grouped
+#            rs_kernels per-kernel time of one AR step and one verify round (torch.profiler), batch 1
+#            rs_train   realsize_train: the lead's training steps at 8B shapes (a marked placeholder; also
+#                       GPU_CHECK_STEPS="realsize_train" alone, in a call of its own)
+#            Knobs: GPU_REALSIZE_DIR (/dev/shm/dmtp_realsize), GPU_REALSIZE_SHAPE_ARGS (extra
+#            dmtp.tiny.random_target options, e.g. "--tiny" for a CPU rehearsal), GPU_REALSIZE_CONTEXTS
+#            ("256 2048 8192"), GPU_REALSIZE_BATCHES ("1 8 32").
 # Output: $OUT (the device tool's folder), else $1, else gpu_check_out/ -- at most 8 files come back:
 #   summary.txt (one line per step: rc, seconds), install.log, probe.txt, gpu_tests.txt, bench_decode.txt,
-#   bench_peer.txt (the trained step's table appended), reports.tar.gz (the JSON reports and the tests' junit XML).
+#   bench_peer.txt (the trained step's table appended), realsize.txt, reports.tar.gz (the JSON reports and the
+#   tests' junit XML).
 # Knobs: GPU_CHECK_STEPS="tests peer" runs a subset (a rerun in what is left of the lease; install always
 # runs); GPU_CHECK_TIME_SCALE=4 stretches every timeout (a CPU rehearsal); PYTHON (default python3);
 # GPU_WHEELS (default gpu_wheels).
@@ -171,8 +187,62 @@ bench_peer() {
         --max-new-tokens 64 --reps 2 --hf-batch-sizes 1 8 --out "$work/bench_peer.json"
 }
 
+# ---- realsize: Qwen3-8B shapes, random weights (timings real, acceptance meaningless) --------------------
+RS_DIR="${GPU_REALSIZE_DIR:-/dev/shm/dmtp_realsize}"
+RS_SHAPE_ARGS="${GPU_REALSIZE_SHAPE_ARGS:-}"
+RS_CONTEXTS="${GPU_REALSIZE_CONTEXTS:-256 2048 8192}"
+RS_BATCHES="${GPU_REALSIZE_BATCHES:-1 8 32}"
+RS_DRAFTER="--random-drafter-preset dflash-qwen3-8b"   # 5 layers, 5 taps, block 16: the published size
+
+rs_target() {   # drawn on the GPU, ~1 GiB shards to /dev/shm; reused when a warm machine still has it
+    if [ -f "$RS_DIR/random_target.json" ]; then echo "== reusing $RS_DIR"; cat "$RS_DIR/random_target.json"; return 0; fi
+    rm -rf "$RS_DIR"
+    "$PY" -m dmtp.tiny.random_target --shape qwen3-8b --out "$RS_DIR" $RS_SHAPE_ARGS
+}
+
+rs_table() {    # the batch table: every method, each batch, context 256, CUDA graphs, bf16
+    "$PY" tools/profile_decode.py --target "$RS_DIR" --dtype bfloat16 $RS_DRAFTER \
+        --methods ar,mtp415,raw_dflash,dual_anchor_zero_init --batch-sizes $RS_BATCHES --contexts 256 \
+        --new-tokens 48 --kernels 0 --out "$work/realsize_table.json"
+}
+
+rs_peer() {     # the reference loop on the same target and drafter size, bf16, batch 1 (it decodes one request at a time)
+    local dev graphs=""
+    dev=$("$PY" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
+    [ "$dev" = cuda ] && graphs=--cuda-graphs
+    "$PY" tools/bench_peer.py --target "$RS_DIR" --random-drafter $RS_DRAFTER --dtype bfloat16 --device "$dev" \
+        $graphs --domains code,math --num-prompts 1 --max-new-tokens 64 --reps 1 --temperature 0 --hf-batch-sizes 1 \
+        --out "$work/realsize_peer.json"
+}
+
+rs_context() {  # attention reads per request length: AR batch 1 vs 32 at each context, the old K/V copy vs none
+    local batches b
+    batches=$(for b in $RS_BATCHES; do echo "$b"; done | sort -n | sed -n '1p;$p' | sort -nu | tr '\n' ' ')
+    "$PY" tools/profile_decode.py --target "$RS_DIR" --dtype bfloat16 --methods ar --batch-sizes $batches \
+        --contexts $RS_CONTEXTS --gqa-modes repeat grouped --new-tokens 24 --kernels 0 --out "$work/realsize_context.json"
+}
+
+rs_kernels() {  # per-kernel time of one AR step and one verify round of raw DFlash and DMTP, batch 1, context 256
+    "$PY" tools/profile_decode.py --target "$RS_DIR" --dtype bfloat16 $RS_DRAFTER \
+        --methods ar,raw_dflash,dual_anchor_zero_init --batch-sizes 1 --contexts 256 --new-tokens 16 \
+        --kernels 30 --kernel-rounds 8 --out "$work/realsize_kernels.json"
+}
+
+# >>> realsize_train: THE LEAD FILLS THIS (20-30 FSDP training steps at 8B shapes on "$RS_DIR"). Until
+# tools/bench_train.py takes --realsize it reports "not prepared" and succeeds; its limit is RS_TRAIN_LIMIT.
+RS_TRAIN_LIMIT=${GPU_REALSIZE_TRAIN_LIMIT:-150}
+realsize_train() {
+    if [ -f tools/bench_train.py ] && grep -q -- "--realsize" tools/bench_train.py; then
+        "$PY" tools/bench_train.py --realsize --target "$RS_DIR" --out "$work/realsize_train.json"
+    else
+        echo "realsize_train: not prepared yet (tools/bench_train.py has no --realsize); skipped"
+    fi
+}
+# <<< realsize_train
+
 export -f install probe build_target gpu_tests bench_decode bench_trained bench_peer pip_offline
-export PY WHEELS work out
+export -f rs_target rs_table rs_peer rs_context rs_kernels realsize_train
+export PY WHEELS work out RS_DIR RS_SHAPE_ARGS RS_CONTEXTS RS_BATCHES RS_DRAFTER
 
 # The limits add up to 500 s (under the 540 s call): install 60, probe 40, target 45, tests 170,
 # bench 2 x 55, peer 75; plus trained 110 where carried (a 600 s call then). Typical times are far below; a
@@ -199,6 +269,21 @@ if wants bench; then
     quiet <"$out/bench_decode.txt" | grep -vE "^report written"
 fi
 if wants peer; then step peer 75 bench_peer >"$out/bench_peer.txt" 2>&1; quiet <"$out/bench_peer.txt" | grep -vE "^report written"; fi
+if wants realsize || wants realsize_train; then
+    # Limits (x SCALE): target 90, table 120, peer 100, context 120, kernels 70: 500 s, so that install + realsize fit
+    # one 600 s call (estimated ~380 s on an H200). Without the target nothing else can run; every other sub-step
+    # runs even if the one before it failed or timed out. GPU_CHECK_STEPS="realsize_train" runs the target (reused
+    # while the machine is warm) and the training placeholder only, in a call of its own.
+    { step rs_target 90 rs_target && {
+        if wants realsize; then
+            step rs_table 120 rs_table; step rs_peer 100 rs_peer; step rs_context 120 rs_context
+            step rs_kernels 70 rs_kernels
+        fi
+        step rs_train "$RS_TRAIN_LIMIT" realsize_train; }; } >"$out/realsize.txt" 2>&1
+    # The console gets the tables but not the kernel lists (they are in realsize.txt): the call's tail is 12k characters.
+    quiet <"$out/realsize.txt" | awk '/^kernels of/{skip=1} skip&&/^\| total/{skip=0; next} !skip' \
+        | grep -vE "^report written|^\[random_target\] model-|Loading weights|USDT|profiler_st|gpuGetDeviceCount" | tail -120
+fi
 if wants trained && [ -d "$WHEELS/trained/target" ]; then   # last: the figures above come back even if it runs out
     step trained 110 bench_trained >>"$out/bench_peer.txt" 2>&1
     sed -n '/== bench_decode on the carried trained/,$p' "$out/bench_peer.txt" | quiet | grep -vE "^report written"

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -481,24 +481,36 @@ class SpecDecoder:
         self.runner.span = (None if self.replays_program(st.sampling)
                             else min(st.max_len, _round_up(longest + st.width + 1, SPAN_STEP)))
 
-    def _decode_rounds(self, st: DecodeState, max_new: int, timer: StageTimer | None) -> None:
+    def _round_fn(self, st: DecodeState, timer) -> Callable[[], None]:
+        """One round of `st`'s batch: the captured / compiled program (captured on first use), else the
+        stages eagerly over the live span. `timer`: anything with `.stage(name)` giving a context."""
         if self.replays_program(st.sampling):
             key = (st.batch, st.max_len, st.sampling.key())
             program = self._graphs.get(key)
             if program is None:
                 program = self._capture(st)
                 self._graphs[key] = program
-            run_round = lambda: program.replay(timer)  # noqa: E731
-        else:
-            stages = self.stages(st)
-            lengths = self.runner.lengths
+            return lambda: program.replay(timer)
+        stages = self.stages(st)
+        lengths = self.runner.lengths
 
-            def run_round():
-                self._set_span(st, int(lengths.max()))
-                for stage in stages:
-                    with (timer.stage(stage.name) if timer is not None else contextlib.nullcontext()):
-                        stage.run()
+        def run_round():
+            self._set_span(st, int(lengths.max()))
+            for stage in stages:
+                with (timer.stage(stage.name) if timer is not None else contextlib.nullcontext()):
+                    stage.run()
 
+        return run_round
+
+    def round_fn(self, timer=None) -> Callable[[], None]:
+        """The last batch's round exactly as `generate` ran it, to run again (tools/profile_decode.py profiles
+        its kernels). Rounds past every request's end only rewrite scratch rows: nothing read back changes."""
+        if self.st is None:
+            raise RuntimeError("round_fn() needs a batch: call generate() first")
+        return self._round_fn(self.st, timer)
+
+    def _decode_rounds(self, st: DecodeState, max_new: int, timer: StageTimer | None) -> None:
+        run_round = self._round_fn(st, timer)
         for r in range(max_new + self.poll_every):
             with (timer.round() if timer is not None else contextlib.nullcontext()):
                 run_round()

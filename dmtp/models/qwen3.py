@@ -9,7 +9,7 @@ round's live span of the static caches instead of their maximum length.
 
 The decoding models are tiny on CPU, so per-op overhead dominates there: norms are one fused kernel
 in fp32, rotary tables are built once per forward in the layout `apply_rope` uses as is, and grouped
-K/V heads are never copied on CPU. Each of these gives bitwise the same values as the plain chain.
+K/V heads are never copied (`GQA_MODES`: SDPA's enable_gqa on CPU, the query regrouped elsewhere). Each of these gives bitwise the same values as the plain chain.
 """
 from __future__ import annotations
 
@@ -82,19 +82,73 @@ def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.full(mask.shape, torch.finfo(dtype).min, dtype=dtype, device=mask.device).masked_fill_(mask, 0.0)
 
 
+# How grouped K/V heads meet their query heads (h = group x hkv), never by copying the cache:
+#   native   SDPA's `enable_gqa=True` (the CPU kernels read grouped heads in place);
+#   grouped  the query viewed as [B, hkv, group*Tq, d], so each K/V head is read once by one kernel call
+#            with equal heads: what the masked (memory-efficient) CUDA kernel takes on every torch version,
+#            where enable_gqa with a mask may fall back to the math kernel, which copies K/V itself;
+#   repeat   repeat_interleave of K/V across the cache (the old CUDA path; kept for A/B measurements:
+#            it copies the whole cache in every layer, ~0.3 GB per forward at 8B shapes, batch 1, 256 slots).
+# auto = native on CPU (bitwise what the tests were written against), grouped elsewhere.
+GQA_MODES = ("auto", "native", "grouped", "repeat")
+_gqa_mode = "auto"
+
+
+def set_gqa_mode(mode: str) -> str:
+    """Choose how `attend` handles grouped K/V heads (GQA_MODES); returns the previous mode. A process-wide
+    setting for benchmarks and tests (tools/profile_decode.py compares them); decoding never needs it."""
+    global _gqa_mode
+    if mode not in GQA_MODES:
+        raise ValueError(f"gqa mode must be one of {', '.join(GQA_MODES)}, got {mode!r}")
+    prev, _gqa_mode = _gqa_mode, mode
+    return prev
+
+
+def gqa_mode(device) -> str:
+    """The mode `attend` uses on `device` (auto resolved)."""
+    if _gqa_mode != "auto":
+        return _gqa_mode
+    return "native" if torch.device(device).type == "cpu" else "grouped"
+
+
+def _grouped_attention(q, k, v, mask):
+    """GQA as equal-head attention: query head j*g + i (K/V head j) becomes row i*Tq + s of K/V head j's
+    query block. Softmax is per row, so this is the same attention; only K/V are read once."""
+    b, h, t, d = q.shape
+    hkv = k.shape[1]
+    g = h // hkv
+    qg = q.reshape(b, hkv, g * t, d)   # a view when q is contiguous: heads are the slow dimension
+    if mask is not None:
+        if mask.shape[1] == h:          # per-head mask: the same regrouping as the query
+            mask = mask.reshape(mask.shape[0], hkv, g * t, mask.shape[-1])
+        elif t == 1:                    # one query row per head: broadcast, no copy
+            mask = mask.expand(mask.shape[0], 1, g, mask.shape[-1])
+        elif g * t >= 2 * h * d:        # a long prefill: the repeated mask (B x g x Tq x W) would outgrow
+            return None                 # repeated K/V (B x 2h x W x d); repeat those instead, for this call
+        else:                           # rows i*Tq + s see what row s sees (decode rows: Tq x W per request)
+            mask = mask.repeat(1, 1, g, 1)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
+    return out.reshape(b, h, t, v.shape[-1])
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """Scaled dot-product attention with GQA. q [B,h,Tq,d], k/v [B,hkv,Tk,d]; mask [B,1|h,Tq,W] boolean
     (True = attend) or additive float (`additive_mask`), W <= Tk: keys at W and after are not attended
-    (a static cache's slots past the live span)."""
+    (a static cache's slots past the live span). Grouped heads: see GQA_MODES."""
     if mask is not None and mask.shape[-1] < k.shape[2]:
         k, v = k[:, :, :mask.shape[-1]], v[:, :, :mask.shape[-1]]
     if mask is not None and mask.dtype == torch.bool:
         # A fully masked row would give NaN; let it attend to nothing harmful (its output is unused).
         mask = mask | ~mask.any(-1, keepdim=True)
     if k.shape[1] != q.shape[1]:
-        if q.device.type == "cpu":   # the CPU kernels read grouped K/V heads in place: no copy of the cache
+        mode = gqa_mode(q.device)
+        if mode == "native":
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-        rep = q.shape[1] // k.shape[1]   # CUDA: the masked (memory-efficient) kernel wants equal heads
+        if mode == "grouped":
+            out = _grouped_attention(q, k, v, mask)
+            if out is not None:
+                return out
+        rep = q.shape[1] // k.shape[1]
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -212,5 +266,6 @@ def init_linear_(module: nn.Module, std: float = 0.02) -> None:
 
 __all__ = [
     "RMSNorm", "rope_inv_freq", "rope_cos_sin", "rope_tables", "apply_rope", "additive_mask", "attend", "Qwen3Attention", "Qwen3MLP",
+    "GQA_MODES", "set_gqa_mode", "gqa_mode",
     "KVCache", "Qwen3DecoderLayer", "causal_mask", "cache_mask", "init_linear_",
 ]
