@@ -178,6 +178,12 @@ class BlockDrafter(nn.Module):
     def logits(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
         return self.backbone.logits(hidden, lm_head_weight)
 
+    def block_logits(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor, prev_tokens: torch.Tensor):
+        return self.backbone.block_logits(hidden, lm_head_weight, prev_tokens)
+
+    def confidence(self, hidden: torch.Tensor, prev_tokens: torch.Tensor):
+        return self.backbone.confidence(hidden, prev_tokens)
+
     def propose(self, *args, **kwargs):
         return self.backbone.propose(*args, **kwargs)
 
