@@ -29,7 +29,7 @@ def _module(*overrides):
     return module, ids, torch.ones_like(ids)
 
 
-@pytest.mark.parametrize("drafter", ["dflash"])
+@pytest.mark.parametrize("drafter", ["dflash", "dspark"])
 def test_dspark_mix_is_the_weighted_sum_of_ce_and_tv(drafter):
     """The same blocks (same seed) under each loss: dspark = 0.1 ce + 0.9 tv, and tv is the decayed mean of
     the TV of each supervised slot; the default is ce."""

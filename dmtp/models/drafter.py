@@ -346,6 +346,8 @@ class DFlashDrafter(nn.Module):
         proposal depends on the previous token (DSpark's Markov head) reads `prev_tokens`."""
         return self.logits(hidden, lm_head_weight)
 
+    has_confidence = False   # whether `confidence` answers (a confidence head)
+
     def confidence(self, hidden: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor | None:
         """Each predicted slot's probability of being accepted given that its predecessor was: hidden
         [..., n, H], prev_tokens [..., n] -> [..., n] in (0, 1), or None for a drafter without a
