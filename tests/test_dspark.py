@@ -319,3 +319,25 @@ def test_block_plan_with_a_limit_is_the_plan_of_the_shorter_block():
         assert (stops[:, limit + 1:] == 0).all()
         _, acc = accept_rejection_sampling(cand, q, p, generator=g, limit=lim)
         assert (acc <= limit).all()
+
+
+# -- serving ----------------------------------------------------------------------------------------------------
+
+def test_dmtp_dspark_export_is_refused_by_the_vllm_plugin_with_its_reason(micro_target, tmp_path):
+    """What vLLM builds for DMTPDSparkDraftModel (either name vLLM asks for) stops with one line naming the
+    drafter; a raw DSpark export is vLLM's own Qwen3DSparkModel (not refused, vLLM serves it)."""
+    from types import SimpleNamespace
+
+    from dmtp.serving.vllm_refused import RefusedDraftModel, refusal
+
+    dmtp_dir, raw_dir = tmp_path / "dmtp", tmp_path / "raw"
+    dspark_drafter(micro_target, "dual_anchor_zero_init").save(dmtp_dir)
+    dspark_drafter(micro_target, "raw_dflash").save(raw_dir)
+    dmtp_arch = json.loads((dmtp_dir / "config.json").read_text())["architectures"]
+    raw_arch = json.loads((raw_dir / "config.json").read_text())["architectures"]
+    assert raw_arch == ["Qwen3DSparkModel"] and refusal(raw_arch) is None
+    for served_as in (dmtp_arch, ["DFlash" + dmtp_arch[0]]):
+        draft = SimpleNamespace(model=str(dmtp_dir), hf_config=SimpleNamespace(architectures=served_as))
+        config = SimpleNamespace(speculative_config=SimpleNamespace(draft_model_config=draft))
+        with pytest.raises(ValueError, match=rf"^drafter {dmtp_dir}: a DMTP drafter with DSpark's heads is not served"):
+            RefusedDraftModel(vllm_config=config)
