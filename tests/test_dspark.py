@@ -341,3 +341,47 @@ def test_dmtp_dspark_export_is_refused_by_the_vllm_plugin_with_its_reason(micro_
         config = SimpleNamespace(speculative_config=SimpleNamespace(draft_model_config=draft))
         with pytest.raises(ValueError, match=rf"^drafter {dmtp_dir}: a DMTP drafter with DSpark's heads is not served"):
             RefusedDraftModel(vllm_config=config)
+
+
+# -- capturable: the round's stages declare their writes, trace as whole graphs, survive a warm-up ----------------
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(confidence_threshold=0.7),
+                                      SamplingConfig(temperature=1.0, verification="rejection", confidence_threshold=0.7),
+                                      SamplingConfig(temperature=1.0, verification="block")],
+                         ids=["greedy-scheduled", "rejection-scheduled", "block"])
+def test_dspark_stages_change_only_what_they_declare(micro_target, micro_mtp, sampling):
+    from tests.test_decode_stage_writes import check_rounds
+
+    drafter = dspark_drafter(micro_target, "dual_anchor_zero_init", "rnn")
+    dec = SpecDecoder(micro_target, build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter),
+                      eos_token_id=[], time_stages=False)
+    assert check_rounds(dec, sampling) >= 3
+
+
+@pytest.mark.parametrize("variant", MARKOV_VARIANTS)
+def test_dspark_round_compiles_as_one_graph_and_equals_eager(micro_target, micro_mtp, variant):
+    """torch.compile(fullgraph=True) of the whole round (the CPU analogue of a CUDA graph capture: no host
+    sync, no data-dependent branch, static shapes), with confidence scheduling on."""
+    drafter = dspark_drafter(micro_target, "dual_anchor_zero_init", variant)
+    proposer = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter)
+    sampling = SamplingConfig(confidence_threshold=0.7)
+    eager = SpecDecoder(micro_target, proposer, eos_token_id=[]).generate(PROMPTS, 20, sampling=sampling, batch_size=2)
+    compiled = SpecDecoder(micro_target, proposer, eos_token_id=[], compile="aot_eager")
+    res = compiled.generate(PROMPTS, 20, sampling=sampling, batch_size=2)
+    assert res.extra["compiled"] and res.tokens == eager.tokens and res.accepted == eager.accepted
+
+
+def test_dspark_warmup_restore_leaves_decoding_unchanged(micro_target, micro_mtp, monkeypatch):
+    import dmtp.decode.graphs as graphs
+    from tests.test_decode_graphs import _EagerGraphs
+
+    drafter = dspark_drafter(micro_target, "raw_dflash", "gated")
+    proposer = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter)
+    sampling = SamplingConfig(confidence_threshold=0.7)
+    ref = SpecDecoder(micro_target, proposer, eos_token_id=[]).generate(PROMPTS, 20, sampling=sampling, batch_size=3)
+    monkeypatch.setattr(graphs, "RoundGraphs", _EagerGraphs)
+    fake = SpecDecoder(micro_target, proposer, eos_token_id=[], time_stages=False)
+    fake.use_graphs = True
+    for _ in range(2):
+        out = fake.generate(PROMPTS, 20, sampling=sampling, batch_size=3)
+        assert out.tokens == ref.tokens and out.accepted == ref.accepted
