@@ -50,11 +50,14 @@ class DraftedBlock:
     """`BlockDrafter.draft_block`'s answer for blocks [B, N]: the drafter's final hidden states at the
     predicted slots [B, N, n_pred, H]; the token before the first predicted slot [B, N]; and, when an
     LM head was given, the block's K candidates [B, N, K] (the MTP's T1..Tm first) with their q
-    [B, N, K, V] when sampled."""
+    [B, N, K, V] when sampled, and, from a drafter with a confidence head (DSpark), each candidate's
+    predicted probability of acceptance given the candidates before it [B, N, K] (1 for the MTP's
+    tokens, whose acceptance the drafter does not predict)."""
     hidden: torch.Tensor
     previous: torch.Tensor
     candidates: torch.Tensor | None = None
     q: torch.Tensor | None = None
+    confidence: torch.Tensor | None = None
 
 
 class BlockDrafter(nn.Module):
@@ -155,6 +158,11 @@ class BlockDrafter(nn.Module):
             out.candidates = inj.merge_candidates(tokens, drafted, num)
             if q is not None:
                 out.q = inj.merge_candidates(None if mtp is None else mtp.q, q, num)
+            # The confidence of the proposed path: each slot given the token proposed before it.
+            conf = self.confidence(hidden, torch.cat([out.previous[..., None], drafted[..., :-1]], dim=-1))
+            if conf is not None:
+                out.confidence = inj.merge_candidates(None if mtp is None else torch.ones_like(tokens, dtype=conf.dtype),
+                                                      conf, num)
         return out
 
     # -- the backbone's operations, with the injection's context path in front ---------------------
@@ -177,6 +185,16 @@ class BlockDrafter(nn.Module):
 
     def logits(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
         return self.backbone.logits(hidden, lm_head_weight)
+
+    def block_logits(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor, prev_tokens: torch.Tensor):
+        return self.backbone.block_logits(hidden, lm_head_weight, prev_tokens)
+
+    @property
+    def has_confidence(self) -> bool:
+        return self.backbone.has_confidence
+
+    def confidence(self, hidden: torch.Tensor, prev_tokens: torch.Tensor):
+        return self.backbone.confidence(hidden, prev_tokens)
 
     def propose(self, *args, **kwargs):
         return self.backbone.propose(*args, **kwargs)
@@ -231,15 +249,17 @@ def build_block_drafter(target, injection, mask_token_id: int, target_layer_ids:
 
 def fresh_drafter_for(target, name: str, mask_token_id: int, seed: int = 0, num_layers: int = 1,
                       perturb: float = 0.0, block_size: int = DFlashConfig.block_size, num_target_features: int = 1,
-                      **options) -> BlockDrafter:
+                      backbone: dict | None = None, **options) -> BlockDrafter:
     """An untrained drafter sized to `target` (tests, benchmark plumbing): `num_target_features` tapped
     layers (one: the middle one; more: DFlash's spread), `num_layers` layers of the target's widths, blocks
     of `block_size`, in eval mode (benchmarks size it like a published drafter: 5 layers, 5 taps, block 16).
     `perturb` adds noise to the injection's weights so that every injected path (zero-init fusion included)
-    changes the drafter's output. `options`: the variant's own (e.g. mtp_threshold)."""
+    changes the drafter's output. `backbone`: the architecture and its options (e.g. {"architecture":
+    "dspark"}); `options`: the variant's own (e.g. mtp_threshold)."""
     torch.manual_seed(seed)
     drafter = build_block_drafter(target, lambda **s: make_injection(name, **s, **options), mask_token_id,
-                                  num_target_features=num_target_features, num_layers=num_layers, block_size=block_size)
+                                  num_target_features=num_target_features, num_layers=num_layers, block_size=block_size,
+                                  **(backbone or {}))
     if perturb:
         with torch.no_grad():
             for p in drafter.injection.parameters():

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from dmtp.models.dflash2 import DFLASH2_ARCH, DFlash2Config, DFlash2Drafter
+from dmtp.models.dspark import DSPARK_ARCH, DSparkConfig, DSparkDrafter
 from dmtp.models.drafter import (ARCHITECTURES, DFLASH_ARCH, DFlashConfig, DFlashDrafter, architecture_named,
                                  drafter_class, load_drafter, register_drafter, save_drafter)
 from dmtp.models.drafter_factory import build_drafter
@@ -18,7 +19,8 @@ SIZES = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_atte
 def test_drafter_architectures_are_registered():
     assert {a.name: (a.published, a.dmtp_published, a.config, a.module) for a in ARCHITECTURES.values()} == {
         "dflash": (DFLASH_ARCH, "DMTPDraftModel", DFlashConfig, DFlashDrafter),
-        "dflash2": (DFLASH2_ARCH, "DMTPDFlash2DraftModel", DFlash2Config, DFlash2Drafter)}
+        "dflash2": (DFLASH2_ARCH, "DMTPDFlash2DraftModel", DFlash2Config, DFlash2Drafter),
+        "dspark": (DSPARK_ARCH, "DMTPDSparkDraftModel", DSparkConfig, DSparkDrafter)}
     config = DFlashConfig(**SIZES)
     assert drafter_class(config) is DFlashDrafter
     saved = ARCHITECTURES.pop(DFLASH_ARCH)
@@ -47,7 +49,7 @@ def test_the_factory_passes_an_architectures_options_to_its_own_config():
     with pytest.raises(ValueError, match="drafter architecture 'dflash' has no option conv_kernel_size "
                                          r"\(its options: none\)"):
         build_drafter(_Target, 32, 3, target_layer_ids=[0], architecture="dflash", conv_kernel_size=2)
-    with pytest.raises(ValueError, match="drafter architecture must be one of dflash, dflash2, got 'dflash3'"):
+    with pytest.raises(ValueError, match="drafter architecture must be one of dflash, dflash2, dspark, got 'dflash3'"):
         build_drafter(_Target, 32, 3, target_layer_ids=[0], architecture="dflash3")
 
 

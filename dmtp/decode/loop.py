@@ -60,10 +60,18 @@ class SamplingConfig:
     top_k: int = 0
     top_p: float = 1.0
     verification: str = "target_only"
+    # Confidence-scheduled verification (0 = off): each round verifies only the leading candidates whose
+    # predicted survival (the product of the drafter's confidence up to them; DSpark's confidence head)
+    # reaches this threshold; the others are masked (never accepted), the shapes stay the block's. Any
+    # verification mode; lossless, since the cut depends on the drafts only, never on the target.
+    confidence_threshold: float = 0.0
 
     def __post_init__(self):
         if self.verification not in VERIFICATION_MODES:
             raise ValueError(f"verification must be one of {VERIFICATION_MODES}, got {self.verification!r}")
+        if isinstance(self.confidence_threshold, bool) or not isinstance(self.confidence_threshold, (int, float)) \
+                or not 0 <= self.confidence_threshold <= 1:
+            raise ValueError(f"confidence_threshold must be in [0, 1] (0 = off), got {self.confidence_threshold!r}")
         # Named as on the command line (dmtp.infer temperature= top_p= top_k=).
         if not self.temperature >= 0:   # also catches NaN
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
@@ -89,8 +97,13 @@ class SamplingConfig:
     def uses_draft_probs(self) -> bool:
         return self.verification in _ACCEPT_WITH_DRAFT_PROBS and not self.greedy
 
+    @property
+    def schedules_verification(self) -> bool:
+        return self.confidence_threshold > 0
+
     def key(self) -> tuple:
-        return (float(self.temperature), int(self.top_k), float(self.top_p), self.verification)
+        return (float(self.temperature), int(self.top_k), float(self.top_p), self.verification,
+                float(self.confidence_threshold))
 
 
 class DecodeState:
@@ -119,6 +132,10 @@ class DecodeState:
         self.q = torch.zeros(batch, k, vocab_size, dtype=torch.float32, device=dev) if sampling.uses_draft_probs else None
         self.y = z(batch, w)
         self.acc = z(batch)
+        # Candidates verified this round (confidence-scheduled verification; K when off) and their sum
+        # over the rounds each request was active (what an engine that packs verify rows would run).
+        self.verify_limit = torch.full((batch,), k, dtype=torch.long, device=dev)
+        self.verified = z(batch)
         self.a_prev = z(batch)
         self.h_verify = torch.zeros(batch, w, hidden_size, dtype=dtype, device=dev) if need_hidden else None
         self.f_verify = torch.zeros(batch, w, feature_dim, dtype=dtype, device=dev) if need_features else None
@@ -142,8 +159,9 @@ class DecodeState:
     def reset(self) -> None:
         """Back to a harmless all-zero state (after graph warm-up; before a prefill)."""
         for t in (self.anchor, self.candidates, self.y, self.acc, self.a_prev, self.out_tokens, self.out_len,
-                  self.round_idx, self.runner.lengths):
+                  self.round_idx, self.runner.lengths, self.verified):
             t.zero_()
+        self.verify_limit.fill_(self.num_candidates)
         self.acc_log.fill_(-1)
         self.raw_log.fill_(-1)
         self.done.zero_()
@@ -309,6 +327,9 @@ class SpecDecoder:
 
     def stages(self, st: DecodeState) -> list[Stage]:
         """The round's stages in order, each with the state it writes. Names: mtp, t1_fusion, drafter, verify."""
+        if st.sampling.schedules_verification and not self.proposer.predicts_confidence:
+            raise ValueError(f"confidence_threshold={st.sampling.confidence_threshold} needs a drafter with a "
+                             f"confidence head (drafter=dspark); {self.proposer.name} predicts no acceptance")
         verify = Stage("verify", lambda: self._verify(st), writes=self._verify_writes(st),
                        scratch=tuple(self.runner.scratch_state()))
         return self.proposer.propose_stages(st) + [verify] + self.proposer.advance_stages(st)
@@ -320,14 +341,16 @@ class SpecDecoder:
         tokens = torch.cat([st.anchor[:, None], st.candidates], dim=1) if k else st.anchor[:, None]
         positions = runner.lengths[:, None] + st.offsets
         out = runner.verify(tokens, positions)
+        limit = st.verify_limit if s.schedules_verification and k else None
         if s.uses_draft_probs and k:
             p = probs_from_logits(out.logits, s.temperature, s.top_k, s.top_p)
             accept = _ACCEPT_WITH_DRAFT_PROBS[s.verification]
-            y, acc = accept(st.candidates, st.q, p, generator=st.generator)
+            y, acc = accept(st.candidates, st.q, p, generator=st.generator, limit=limit)
         else:
             y = sample_tokens(out.logits, s.temperature, s.top_k, s.top_p, generator=st.generator)
-            acc = accept_target_only(st.candidates, y)
+            acc = accept_target_only(st.candidates, y, limit)
         active = ~st.done
+        st.verified.add_(st.verify_limit * active)
         w = st.width
         hit = (y[..., None] == st.eos).any(-1)
         first_eos = torch.where(hit, st.offsets, w).amin(1)
@@ -356,7 +379,7 @@ class SpecDecoder:
 
     def _verify_writes(self, st: DecodeState) -> tuple[torch.Tensor, ...]:
         """Everything `_verify` changes in place, and the runner's committed state that `advance` moves."""
-        return (*present(st.out_tokens, st.out_len, st.done, st.anchor, st.a_prev, st.y, st.acc, st.h_verify,
+        return (*present(st.out_tokens, st.out_len, st.done, st.anchor, st.a_prev, st.y, st.acc, st.verified, st.h_verify,
                          st.f_verify, st.acc_log, st.raw_log, st.round_idx), *self.runner.round_state())
 
     # -- prefill ------------------------------------------------------------------------------------
@@ -406,6 +429,7 @@ class SpecDecoder:
         accepted: list[list[int]] = [[] for _ in range(n_req)]
         accepted_raw: list[list[int]] = [[] for _ in range(n_req)]
         ttft = [0.0] * n_req
+        verified = 0
         timer = self._make_timer()
         cpu_gen = None
         if self.device.type == "cuda":
@@ -448,6 +472,7 @@ class SpecDecoder:
                 tokens[i] = out_tok[row, :out_len[row]].tolist()
                 accepted[i] = [a for a in acc_log[row] if a >= 0]
                 accepted_raw[i] = [a for a in raw_log[row] if a >= 0]
+            verified += int(st.verified[:len(ids)].sum())
             batches += 1
             bar.update(len(ids))
         self._sync()
@@ -460,7 +485,9 @@ class SpecDecoder:
                             timer.counted_rounds if timer is not None else 0, batches, sampling,
                             extra={"runner": self.runner.kind, "cuda_graphs": self.use_graphs,
                                    "compiled": self.compiled and sampling.greedy, "compile_s": compile_s,
-                                   "attention": getattr(self.runner, "attention", "hf")})
+                                   "attention": getattr(self.runner, "attention", "hf"),
+                                   # candidates verified per round (K without confidence scheduling)
+                                   "verified_per_round": verified / max(1, sum(map(len, accepted_raw)))})
 
     # -- rounds ---------------------------------------------------------------------------------------
     def _make_timer(self) -> StageTimer | None:

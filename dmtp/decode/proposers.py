@@ -153,14 +153,16 @@ class DrafterState:
 
     def draft(self, anchor: torch.Tensor, anchor_pos: torch.Tensor, mtp: MTPBlockInputs | None, sampler,
               span: int | None = None):
-        """The block's K candidates [B, K] (and q when sampling) from the slots `build` made; context
+        """The block's K candidates [B, K], q [B, K, V] when sampling (else None) and the drafter's
+        confidence [B, K] (None without a confidence head), from the slots `build` made; context
         strictly before A, read from the first `span` cache slots (None: all)."""
         w = self.ctx_positions.shape[1] if span is None else min(span, self.ctx_positions.shape[1])
         ctx_kv = [(c.k[:, :, :w], c.v[:, :, :w]) for c in self.caches]
         block = self.drafter.draft_block(self.embed_weight, anchor[:, None], anchor_pos[:, None], ctx_kv,
                                          self.ctx_positions[:, :w], mtp, lm_head_weight=self.lm_head_weight,
                                          sampler=sampler, slots=self.slots)
-        return block.candidates[:, 0], None if block.q is None else block.q[:, 0]
+        return (block.candidates[:, 0], None if block.q is None else block.q[:, 0],
+                None if block.confidence is None else block.confidence[:, 0])
 
 
 class Proposer:
@@ -170,6 +172,8 @@ class Proposer:
     num_candidates = 0
     layer_ids: Sequence[int] = ()
     mtp_state: MTPState | None = None
+    # Whether its stages set `st.verify_limit` from a predicted acceptance (confidence-scheduled verification)
+    predicts_confidence = False
 
     @property
     def needs_last_hidden(self) -> bool:
@@ -243,6 +247,7 @@ class DrafterProposer(Proposer):
             self.mtp_state = MTPState(mtp, keep_features=injection.needs_mtp_context)
         self.num_candidates = injection.num_candidates
         self.layer_ids = drafter.layer_ids
+        self.predicts_confidence = drafter.has_confidence
 
     def allocate(self, st) -> None:
         super().allocate(st)
@@ -293,13 +298,19 @@ class DrafterProposer(Proposer):
                 chain()
             d.build(st.anchor, mtp)
 
+        schedule = st.sampling.schedules_verification
+        threshold = st.sampling.confidence_threshold
+
         def draft():
-            tok, q = d.draft(st.anchor, st.target_lengths(), mtp, lambda scores: pick_tokens(scores, st), st.span)
+            tok, q, conf = d.draft(st.anchor, st.target_lengths(), mtp, lambda scores: pick_tokens(scores, st),
+                                   st.span)
             st.candidates.copy_(tok)
             if st.q is not None:
                 st.q.copy_(q)
+            if schedule:   # verify the leading candidates whose predicted survival reaches the threshold
+                st.verify_limit.copy_((conf.cumprod(-1) >= threshold).sum(-1))
 
-        drafting = Stage("drafter", draft, writes=present(st.candidates, st.q))
+        drafting = Stage("drafter", draft, writes=present(st.candidates, st.q, st.verify_limit if schedule else None))
         if steps == 0:   # raw DFlash: no MTP
             return [Stage("t1_fusion", t1_fusion, writes=(d.slots,)), drafting]
         chain_writes = present(self.mtp_tokens, self.mtp_hidden, self.mtp_q)

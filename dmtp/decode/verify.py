@@ -117,12 +117,14 @@ def sample_tokens(
     return sample_from_probs(probs, generator=generator)
 
 
-def accept_target_only(candidates: Tensor, target_tokens: Tensor) -> Tensor:
+def accept_target_only(candidates: Tensor, target_tokens: Tensor, limit: Tensor | None = None) -> Tensor:
     """Target-only acceptance: length of the prefix where ``candidates == target_tokens``.
 
     Args:
         candidates: ``[B, K]`` drafted tokens ``c_1..c_K``.
         target_tokens: ``[B, K+1]`` target argmax / samples at every verify position.
+        limit: optional ``[B]`` long: verify only the first ``limit`` candidates (the rest are masked,
+            never accepted; the token at ``limit`` is then the target's own, as if the block ended there).
 
     Returns:
         ``accepted`` ``[B]`` long in ``0..K``. The round's tokens are
@@ -135,7 +137,14 @@ def accept_target_only(candidates: Tensor, target_tokens: Tensor) -> Tensor:
             f"target_tokens must have K+1={k + 1} positions, got {tuple(target_tokens.shape)}"
         )
     matches = candidates == target_tokens[:, :k]
+    if limit is not None:
+        matches = matches & _verified(limit, k)
     return matches.long().cumprod(dim=1).sum(dim=1)
+
+
+def _verified(limit: Tensor, k: int) -> Tensor:
+    """``[B]`` verified candidates -> ``[B, K]`` bool, True at the candidates that are verified."""
+    return torch.arange(k, device=limit.device)[None] < limit[:, None]
 
 
 def _check_block_shapes(candidates: Tensor, draft_probs: Tensor, target_probs: Tensor) -> None:
@@ -153,6 +162,7 @@ def accept_rejection_sampling(
     draft_probs: Tensor,
     target_probs: Tensor,
     generator: torch.Generator | None = None,
+    limit: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Speculative rejection sampling over a chain block, fully on device.
 
@@ -168,6 +178,9 @@ def accept_rejection_sampling(
         target_probs: ``[B, K+1, V]`` target distributions ``p_i`` (same filtering as used
             for plain sampling, see :func:`probs_from_logits`).
         generator: optional generator on the tensors' device.
+        limit: optional ``[B]`` long: verify only the first ``limit`` candidates, exactly as if the
+            block ended there (at ``limit`` the token is a sample from ``p_limit``, a bonus, not a
+            residual: nothing was rejected there).
 
     Returns:
         ``(emitted [B, K+1] long, accepted [B] long)``. ``emitted[:, :accepted+1]`` are the
@@ -190,12 +203,16 @@ def accept_rejection_sampling(
     )
     coins = torch.rand(ratio.shape, dtype=torch.float32, device=ratio.device, generator=generator)
     ok = coins < ratio  # coin in [0, 1): ratio 1 always accepts, ratio 0 never does
+    if limit is not None:
+        ok = ok & _verified(limit, k)
     accepted = ok.long().cumprod(dim=1).sum(dim=1)  # [B]
 
     # Residual distributions for a rejection at 0..K-1, plus the bonus distribution p_K.
     resid = (p_draft - q).clamp_min(0.0)
     mass = resid.sum(dim=-1, keepdim=True)
     resid = torch.where(mass > 0, resid / mass.clamp_min(torch.finfo(torch.float32).tiny), p_draft)
+    if limit is not None:   # past the verified prefix the block has ended: the target's own p (a bonus)
+        resid = torch.where(_verified(limit, k)[..., None], resid, p_draft)
     dist = torch.cat([resid, p[:, k:]], dim=1)  # [B, K+1, V]
     fallback = sample_from_probs(dist, generator=generator)  # [B, K+1]
 
@@ -223,7 +240,7 @@ def _running_block_weights(p_cand: Tensor, q_cand: Tensor) -> Tensor:
 
 
 def block_verification_plan(
-    candidates: Tensor, draft_probs: Tensor, target_probs: Tensor
+    candidates: Tensor, draft_probs: Tensor, target_probs: Tensor, limit: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """The deterministic half of block verification (Sun et al., ICLR 2025, arXiv 2403.10444, Alg. 2).
 
@@ -245,6 +262,10 @@ def block_verification_plan(
         ``(stop_probs [B, K+1], next_dists [B, K+1, V])``: ``stop_probs[:, i] = h_i`` and
         ``next_dists[:, i]`` the distribution of the round's last token when ``tau = i``. Given the
         drafts, ``P(tau = i) = h_i * prod_{j > i} (1 - h_j)``.
+
+    ``limit`` (optional ``[B]`` long): the plan of the block cut after ``limit = L`` drafts, i.e. the
+    algorithm run with ``K = L``: ``h_L = w_L``, ``h_i = 0`` for ``i > L``, and the last token at ``L``
+    drawn from ``p_{L+1}``.
     """
     _check_block_shapes(candidates, draft_probs, target_probs)
     k = candidates.shape[1]
@@ -265,6 +286,11 @@ def block_verification_plan(
     norm = resid / mass.clamp_min(tiny).unsqueeze(-1)
     resid_dists = torch.where(mass.unsqueeze(-1) > 0, norm, p[:, :k])
     next_dists = torch.cat([resid_dists, p[:, k:]], dim=1)  # [B, K+1, V]
+    if limit is not None:
+        pos = torch.arange(k + 1, device=candidates.device)[None]
+        end, past = pos == limit[:, None], pos > limit[:, None]
+        stop_probs = torch.where(end, torch.where(pos == 0, stop_probs, w), torch.where(past, 0.0, stop_probs))
+        next_dists = torch.where(end[..., None], p, next_dists)
     return stop_probs, next_dists
 
 
@@ -273,9 +299,10 @@ def accept_block_verification(
     draft_probs: Tensor,
     target_probs: Tensor,
     generator: torch.Generator | None = None,
+    limit: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Block verification of a chain block, fully on device (same contract as
-    :func:`accept_rejection_sampling`).
+    :func:`accept_rejection_sampling`, ``limit`` included).
 
     The whole draft block is verified jointly (:func:`block_verification_plan`): the emitted
     sequence is distributed exactly as sampling from the target, and the expected number of
@@ -293,7 +320,7 @@ def accept_block_verification(
         ``(emitted [B, K+1] long, accepted [B] long)``. ``emitted[:, :accepted+1]`` are the
         round's tokens; later positions are don't-care.
     """
-    stop_probs, next_dists = block_verification_plan(candidates, draft_probs, target_probs)
+    stop_probs, next_dists = block_verification_plan(candidates, draft_probs, target_probs, limit)
     k = candidates.shape[1]
     eta = torch.rand(stop_probs.shape, dtype=torch.float32, device=stop_probs.device, generator=generator)
     # eta in [0, 1): P(eta < h) = h exactly; h_0 = 1 always stops, so tau = 0 when nothing later does.

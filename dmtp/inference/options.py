@@ -23,7 +23,8 @@ def decode_options(cfg) -> SamplingConfig:
     # The MTP chains' lengths (mtp_steps even when no plain `mtp` method uses it): now, not after loading.
     for method in ["mtp", *(str(m) for m in cfg.methods if str(m).startswith("mtp"))]:
         parse_mtp_steps(method, cfg.mtp_steps)
-    return SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, verification=cfg.verification)
+    return SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, verification=cfg.verification,
+                          confidence_threshold=cfg.get("confidence_threshold", 0.0))
 
 
 def named_methods(cfg, overrides: list[str] | None = None) -> set[str]:

@@ -1,7 +1,10 @@
 """Run several decoders over several prompt workloads and summarise them side by side."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from dmtp.decode.loop import DecodeResult, SamplingConfig, SpecDecoder
+
 
 def decode_workloads(decoders: dict[str, SpecDecoder], workloads: dict[str, list[list[int]]], *, max_new_tokens: int,
                      sampling: SamplingConfig, batch_size: int, seed: int = 0, warmup: bool = True,
@@ -11,7 +14,14 @@ def decode_workloads(decoders: dict[str, SpecDecoder], workloads: dict[str, list
     return value), the new workloads are added to it and "overall" covers all of them."""
     per_wl: dict[str, dict] = dict(previous["workloads"]) if previous else {}
     results = dict(previous["results"]) if previous else {}
+    general = sampling
+    if general.schedules_verification and not any(d.proposer.predicts_confidence for d in decoders.values()):
+        raise ValueError(f"confidence_threshold={general.confidence_threshold} needs a drafter with a confidence "
+                         f"head (drafter=dspark); none of {', '.join(decoders)} predicts acceptance")
     for name, dec in decoders.items():
+        # Confidence-scheduled verification applies to the drafters that predict acceptance; the baselines
+        # beside them verify their whole block.
+        sampling = general if dec.proposer.predicts_confidence else replace(general, confidence_threshold=0.0)
         if warmup and previous is None:
             first = next(iter(workloads.values()))
             graphs = dec.fixed_shapes   # graphs / compiled stages: warm up (capture, compile) at the measured shapes

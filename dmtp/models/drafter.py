@@ -339,6 +339,21 @@ class DFlashDrafter(nn.Module):
         DFlash v1 has none: an exact zero."""
         return torch.zeros((), device=hidden.device)
 
+    def block_logits(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor,
+                     prev_tokens: torch.Tensor) -> torch.Tensor:
+        """Training logits of the predicted slots given each slot's predecessor on the gold path
+        (teacher forcing): hidden [..., n, H], prev_tokens [..., n] -> [..., n, V]. Only a drafter whose
+        proposal depends on the previous token (DSpark's Markov head) reads `prev_tokens`."""
+        return self.logits(hidden, lm_head_weight)
+
+    has_confidence = False   # whether `confidence` answers (a confidence head)
+
+    def confidence(self, hidden: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor | None:
+        """Each predicted slot's probability of being accepted given that its predecessor was: hidden
+        [..., n, H], prev_tokens [..., n] -> [..., n] in (0, 1), or None for a drafter without a
+        confidence head (every one but DSpark's)."""
+        return None
+
     def propose(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor, first_prev: torch.Tensor,
                 temperature: float = 0.0, generator: torch.Generator | None = None, sampler=None):
         """Candidates for the predicted slots: hidden [..., n, H], first_prev [...] (the token just before

@@ -18,11 +18,12 @@ from dmtp.injection import CATALOGUE
 
 BASELINE, SINGLE_ANCHOR = "raw_dflash", "token_only"
 # The "interface" column, in the table's row order: the variants' labels from the catalogue, the
-# methods without a drafter, then each variant on the DFlash2 drafter (`<variant>+dflash2`).
+# methods without a drafter, then each variant on the DFlash2 and DSpark drafters (`<variant>+<architecture>`).
 INTERFACES = {
     **{name: entry.label for name, entry in CATALOGUE.items()},
     "ar": "target only", "mtp415": "MTP x4 chained",
     **{f"{name}+dflash2": f"DFlash2 {entry.label}" for name, entry in CATALOGUE.items()},
+    **{f"{name}+dspark": f"DSpark {entry.label}" for name, entry in CATALOGUE.items()},
 }
 
 

@@ -9,6 +9,7 @@ vllm_plugin.py            the plug-in vLLM loads in every process (entry point `
 vllm_plugin_model.py      the DMTP drafter model vLLM builds (DFlash's, plus the injection and the native MTP)
 vllm_plugin_proposer.py   DMTP's round inside vLLM: the MTP's T1 in the DFlash block
 vllm_dflash2_proposer.py  DFlash2's candidate-selector walk on vLLM's V1 runner
+vllm_refused.py           the exports the plug-in refuses by architecture (DMTP + DSpark heads), with the reason
 vllm_cpu_fixes.py         two corrections to vLLM 0.32's CPU kernels, installed by the plug-in
 mtp_slots.py              the MTP's KV cache for every live request, caught up in one forward (no vLLM import)
 """

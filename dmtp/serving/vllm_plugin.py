@@ -12,6 +12,9 @@ DFlash2 drafters get a `DFlash2Proposer` (see `vllm_dflash2_proposer`) the same 
 would draft them as DFlash v1 and so refuses them; the plug-in walks their candidate selector there
 and lets vLLM's check admit them (LiLiCorr's candidate heads stay refused).
 
+Exports it does not serve yet (a DMTP variant on DSpark's heads, `DMTPDSparkDraftModel`) are registered
+to a model that stops with the reason (`vllm_refused`).
+
 On vLLM's CPU build it also corrects two of vLLM's CPU stand-ins (`vllm_cpu_fixes`): the rejection
 sampler's per-request temperature / top_p expansion (sampled speculative decoding read uninitialised
 memory) and DFlash's per-layer context K norm (a multi-layer drafter's layers 2..L used layer 1's).
@@ -19,6 +22,7 @@ memory) and DFlash's per-layer context K norm (a multi-layer drafter's layers 2.
 from __future__ import annotations
 
 DMTP_MODEL = "dmtp.serving.vllm_plugin_model:DMTPDraftModelForVLLM"
+REFUSED_MODEL = "dmtp.serving.vllm_refused:RefusedDraftModel"
 
 
 def _choose_proposer(cls, vllm_config, *args, **kwargs):
@@ -53,6 +57,7 @@ def register() -> None:
 
     from dmtp.serving import vllm_cpu_fixes
     from dmtp.serving.vllm_plugin_proposer import DMTP_ARCHITECTURE, SERVED_ARCHITECTURE
+    from dmtp.serving.vllm_refused import REGISTERED_NAMES
 
     vllm_cpu_fixes.install()
 
@@ -61,6 +66,10 @@ def register() -> None:
     for name in (DMTP_ARCHITECTURE, SERVED_ARCHITECTURE):
         if name not in ModelRegistry.get_supported_archs():
             ModelRegistry.register_model(name, DMTP_MODEL)
+    # Exports the plug-in does not serve (yet): built as a model that stops with the reason (vllm_refused).
+    for name in REGISTERED_NAMES:
+        if name not in ModelRegistry.get_supported_archs():
+            ModelRegistry.register_model(name, REFUSED_MODEL)
     check = VllmConfig._is_dflash_candidate_draft
     if not hasattr(check, "dmtp_original"):
         VllmConfig._is_dflash_candidate_draft = _admit_served_candidate_heads(check)

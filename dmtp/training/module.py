@@ -4,7 +4,7 @@ DFlash2 backbone and its injection, `dmtp.block_drafter.BlockDrafter`, trained a
 It knows the injection interface, never a variant's name. Per batch: teacher-forced target and MTP
 features, random anchors, every block's MTP tokens (m of them, `sample_num_mtp`; T1..Tm are inputs,
 not labels) and slots from the injection module, one drafter forward, position-decayed cross-entropy
-over the positions the drafter predicts.
+over the positions the drafter predicts (`loss`: ce, tv or DSpark's mix, dmtp/training/losses.py).
 
 `train_mtp=True` (joint training): the MTP's own layers (not the shared embedding / LM head) join the
 optimizer, the block loss reaches them through the MTP hiddens (no stop-gradient then), and the
@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from dmtp.block_drafter import BlockDrafter, MTPBlockInputs
 from dmtp.models.drafter_fit import require_target_fit
+from dmtp.training.losses import require_loss, total_variation
 from dmtp.training.blocks import (draft_blocks, mtp_block_inputs, predicted_positions, sample_anchors, teacher_features,
                                   valid_anchors)
 from dmtp.training.draws import BatchDraws, RowDraws
@@ -47,8 +48,10 @@ class DMTPModule(L.LightningModule):
     def __init__(self, target, mtp, drafter: BlockDrafter, optimizer, scheduler=None,
                  num_anchors: int = 32, loss_gamma: float = 4.0, label_source: str = "data",
                  t1_source: str = "data", val_walk: bool = True, val_mtp_chain_steps: int = 4,
-                 train_mtp: bool = False, mtp_loss_weight: float = 1.0):
+                 train_mtp: bool = False, mtp_loss_weight: float = 1.0, loss: str = "ce"):
         super().__init__()
+        self.loss_mix = require_loss(loss)   # (CE weight, TV weight): dmtp/training/losses.py
+        self.loss_name = loss
         if label_source not in LABEL_SOURCES:
             raise ValueError(f"label_source must be one of {', '.join(LABEL_SOURCES)}, got {label_source!r}")
         if t1_source not in T1_SOURCES:
@@ -155,7 +158,6 @@ class DMTPModule(L.LightningModule):
         block = draft_blocks(self.drafter, self.target.embed_tokens.weight, feats, anchors, keep, mtp_inputs,
                              mtp_grad=self.train_mtp)
         hidden = block.hidden
-        logits = self.drafter.logits(hidden, self.target.lm_head.weight).float()   # [B, N, n_pred, V]
 
         pos = predicted_positions(inj, anchors)
         in_range = pos < t
@@ -171,17 +173,28 @@ class DMTPModule(L.LightningModule):
         if num is not None:   # slots of candidates 1..m hold MTP tokens (inputs): no prediction there
             mask = mask & inj.drafter_slot_mask(num)
         weights = decay_weights(pos.shape[-1], self.loss_gamma, pos.device) * mask
-        if self.label_source == "target_kl":
-            v = feats.target_logits.shape[-1]
-            teacher = feats.target_logits.gather(1, target_rows[..., None].expand(-1, -1, v)).view(*pos.shape, v)
-            log_p = torch.log_softmax(teacher.float(), -1)
-            ce = (log_p.exp() * (log_p - torch.log_softmax(logits, -1))).sum(-1)
-        else:
-            ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view_as(weights)
-        loss = (ce * weights).sum() / self._mean_over_ranks(weights.sum()).clamp(min=1e-6)
         # Each predicted slot's predecessor is the token one position earlier on the gold path: the slot
         # before the first prediction holds A (raw_dflash) or T1 (= the data token x_{a+1} in training).
         prev = torch.cat([block.previous[..., None], labels[..., :-1]], dim=-1)
+        # The drafter's logits given those predecessors (DSpark's Markov head reads them, teacher-forced;
+        # the other drafters' logits do not depend on them).
+        logits = self.drafter.block_logits(hidden, self.target.lm_head.weight, prev).float()   # [B, N, n_pred, V]
+        ce_weight, tv_weight = self.loss_mix
+        teacher = None
+        if self.label_source == "target_kl" or tv_weight:
+            v = feats.target_logits.shape[-1]
+            teacher = feats.target_logits.gather(1, target_rows[..., None].expand(-1, -1, v)).view(*pos.shape, v)
+        per_slot = torch.zeros_like(weights)
+        if ce_weight:
+            if self.label_source == "target_kl":
+                log_p = torch.log_softmax(teacher.float(), -1)
+                ce = (log_p.exp() * (log_p - torch.log_softmax(logits, -1))).sum(-1)
+            else:
+                ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view_as(weights)
+            per_slot = ce if ce_weight == 1.0 else ce_weight * ce   # `ce` alone: bit-identical to before
+        if tv_weight:
+            per_slot = per_slot + tv_weight * total_variation(teacher, logits)
+        loss = (per_slot * weights).sum() / self._mean_over_ranks(weights.sum()).clamp(min=1e-6)
         aux = self.drafter.auxiliary_loss(hidden, self.target.lm_head.weight, labels, prev, weights,
                                           step=step, logits=logits)
         self.last_auxiliary_loss = aux.detach()
