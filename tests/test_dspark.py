@@ -385,3 +385,31 @@ def test_dspark_warmup_restore_leaves_decoding_unchanged(micro_target, micro_mtp
     for _ in range(2):
         out = fake.generate(PROMPTS, 20, sampling=sampling, batch_size=3)
         assert out.tokens == ref.tokens and out.accepted == ref.accepted
+
+
+@pytest.mark.parametrize("name,first", [("raw_dflash", "anchor"), ("dual_anchor_zero_init", "t1"),
+                                        ("fusion_t1", "t1"), ("token_only", "t1")])
+def test_the_markov_chain_starts_at_t1_for_dmtp_and_at_a_for_raw_dflash(micro_target, name, first):
+    """The first drafted slot's Markov predecessor: the MTP's T1 (DMTP + DSpark heads), A for raw DSpark;
+    each later slot's: the candidate the drafter proposed just before it."""
+    from dmtp.block_drafter import MTPBlockInputs
+
+    drafter = dspark_drafter(micro_target, name)
+    head = drafter.backbone.markov_head
+    seen = []
+    original = head.step
+    head.step = lambda prev, hidden, state: (seen.append(prev.clone()), original(prev, hidden, state))[1]
+    h = micro_target.config.hidden_size
+    anchor, t1 = torch.tensor([[11]]), torch.tensor([[77]])
+    mtp = MTPBlockInputs(t1[..., None], torch.randn(1, 1, 1, h), torch.ones(1, 1, dtype=torch.long)) \
+        if drafter.needs_mtp else None
+    ctx = torch.randn(1, 6, drafter.injection.context_dim)
+    positions = torch.arange(6)[None]
+    block = drafter.draft_block(micro_target.embed_tokens.weight, anchor, torch.tensor([[6]]),
+                                drafter.context_kv(drafter.project_context(ctx), positions), positions, mtp,
+                                lm_head_weight=micro_target.lm_head.weight)
+    n = drafter.injection.num_drafter_candidates
+    walk = seen[:n]   # propose's slot-by-slot walk (the confidence of the path is computed after it)
+    assert walk[0].item() == (77 if first == "t1" else 11)
+    drafted = block.candidates[0, 0, -n:]
+    assert [s.item() for s in walk[1:]] == drafted[:-1].tolist()
