@@ -15,13 +15,13 @@ def decode_workloads(decoders: dict[str, SpecDecoder], workloads: dict[str, list
     per_wl: dict[str, dict] = dict(previous["workloads"]) if previous else {}
     results = dict(previous["results"]) if previous else {}
     general = sampling
-    if general.schedules_verification and not any(d.proposer.predicts_confidence for d in decoders.values()):
+    if general.schedules_verification and not any(_predicts_confidence(d) for d in decoders.values()):
         raise ValueError(f"confidence_threshold={general.confidence_threshold} needs a drafter with a confidence "
                          f"head (drafter=dspark); none of {', '.join(decoders)} predicts acceptance")
     for name, dec in decoders.items():
         # Confidence-scheduled verification applies to the drafters that predict acceptance; the baselines
         # beside them verify their whole block.
-        sampling = general if dec.proposer.predicts_confidence else replace(general, confidence_threshold=0.0)
+        sampling = general if _predicts_confidence(dec) else replace(general, confidence_threshold=0.0)
         if warmup and previous is None:
             first = next(iter(workloads.values()))
             graphs = dec.fixed_shapes   # graphs / compiled stages: warm up (capture, compile) at the measured shapes
@@ -73,3 +73,9 @@ def add_comparisons(metrics: dict, baseline: str = "ar", greedy: bool = True) ->
                     same += sum(a == b for a, b in zip(ref, mine))
                     total += len(ref)
                 s["matches_ar"] = same / total if total else None
+
+
+def _predicts_confidence(decoder) -> bool:
+    """Whether a decoder's drafter predicts acceptance (DSpark's confidence head). Engines other than dmtp's
+    loop (vLLM) have no `proposer` and verify whole blocks."""
+    return bool(getattr(getattr(decoder, "proposer", None), "predicts_confidence", False))
