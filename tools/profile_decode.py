@@ -214,6 +214,13 @@ def main(argv=None) -> dict:
         ap.error(f"unknown method {unknown[0]!r}: ar, mtp415 or one of {', '.join(VARIANTS)}")
 
     device, dtype = placement(args.device, args.dtype)
+    if device.type == "cuda" and args.kernels:
+        try:   # CUPTI set up before any capture, so the profiler sees the kernels replayed inside graphs (gpt-fast does this)
+            from torch.profiler._utils import _init_for_cuda_graphs
+
+            _init_for_cuda_graphs()
+        except Exception as e:  # pragma: no cover - private API, GPU only
+            print(f"note: torch.profiler._utils._init_for_cuda_graphs unavailable ({e}); kernels in graphs may not show")
     loaded = load_target(target_config(args.target, args.preset), device, dtype)
     target, tok, eos = loaded.model, loaded.tokenizer, loaded.eos_token_id
     mtp = load_mtp(loaded)
