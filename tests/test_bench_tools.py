@@ -149,6 +149,7 @@ def test_profile_decode_floor_timings_and_kernels(tmp_path, micro_target_dir):
             assert r["x_ar_step"] == 1.0
         else:
             assert r["verify_ms"] > 0 and r["drafter_ms"] > 0
+            assert abs(r["drafter_x_floor"] - r["drafter_ms"] / report["floor_ms"]["drafter"]) < 1e-6
     assert set(report["kernels"]) == {"ar", "raw_dflash"}
     assert report["kernels"]["ar"][-1]["name"] == "total" and len(report["kernels"]["ar"]) == 6
     assert json.loads(out.read_text())["rows"] == rows
