@@ -63,3 +63,29 @@ def test_span_buckets_cover_every_row_and_decode_losslessly(micro_target, micro_
 def test_span_step_is_checked(micro_target, micro_mtp):
     with pytest.raises(ValueError, match="graph_span_step must be a positive"):
         SpecDecoder(micro_target, build_proposer("ar", micro_target, mtp=micro_mtp), graph_span_step=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("method", ["mtp415", "dual_anchor_zero_init@16"])
+def test_cuda_span_buckets_equal_eager(micro_target_dir, method, dtype):
+    """Real CUDA graphs over tight span buckets (16 slots: several captures while requests grow) decode the
+    same tokens and accepted lengths as eager decoding at the same shapes, in fp32 and in bf16."""
+    import torch
+
+    from dmtp.models.mtp_loading import load_native_mtp
+    from dmtp.models.target import TargetModel
+    from test_decode_graphs import PROMPTS, _proposer
+
+    dt = getattr(torch, dtype)
+    target = TargetModel.from_pretrained(micro_target_dir, dtype=dt, device="cuda")
+    mtp = load_native_mtp(micro_target_dir, target.embed_tokens, target.lm_head)
+    res = {}
+    for graphs in (False, True):
+        dec = SpecDecoder(target, _proposer(target, mtp, method, "cuda", dt), eos_token_id=[], cuda_graphs=graphs,
+                          graph_span_step=16)
+        res[graphs] = dec.generate(PROMPTS, max_new_tokens=40, batch_size=3)
+        if graphs:
+            assert len({key[-1] for key in dec._graphs}) > 2
+    assert res[True].tokens == res[False].tokens
+    assert res[True].accepted == res[False].accepted
