@@ -280,9 +280,9 @@ fi
 if wants peer; then step peer 75 bench_peer >"$out/bench_peer.txt" 2>&1; quiet <"$out/bench_peer.txt" | grep -vE "^report written"; fi
 if wants realsize || wants realsize_train; then
     # Limits (x SCALE): target 90, table 120, peer 100, context 120, kernels 70, attention 30: 530 s, so that install + realsize fit
-    # one 600 s call (estimated ~380 s on an H200). Without the target nothing else can run; every other sub-step
-    # runs even if the one before it failed or timed out. GPU_CHECK_STEPS="realsize_train" runs the target (reused
-    # while the machine is warm) and the training placeholder only, in a call of its own.
+    # one 600 s call (estimated ~390 s on an H200) while realsize_train is a placeholder (0 s). Once it trains, give it a
+    # call of its own: GPU_CHECK_STEPS="realsize_train" runs the target (reused while the machine is warm) and the
+    # training only. Without the target nothing else can run; every other sub-step runs even if the one before failed.
     { step rs_target 90 rs_target && {
         if wants realsize; then
             step rs_table 120 rs_table; step rs_peer 100 rs_peer; step rs_context 120 rs_context
