@@ -149,6 +149,7 @@ def test_profile_decode_floor_timings_and_kernels(tmp_path, micro_target_dir):
             assert r["x_ar_step"] == 1.0
         else:
             assert r["verify_ms"] > 0 and r["drafter_ms"] > 0
+            assert abs(r["drafter_x_floor"] - r["drafter_ms"] / report["floor_ms"]["drafter"]) < 1e-6
     assert set(report["kernels"]) == {"ar", "raw_dflash"}
     assert report["kernels"]["ar"][-1]["name"] == "total" and len(report["kernels"]["ar"]) == 6
     assert json.loads(out.read_text())["rows"] == rows
@@ -161,3 +162,21 @@ def test_profile_decode_refuses_unknown_methods(capsys, micro_target_dir):
     with pytest.raises(SystemExit) as e:
         profile_decode.main(["--target", str(micro_target_dir), "--methods", "ar,dflash3"])
     assert e.value.code == 2 and "unknown method 'dflash3'" in capsys.readouterr().err
+
+
+def test_bench_attention_modes_agree(capsys):
+    """tools/bench_attention.py: every GQA mode timed on the same call, the same attention as the K/V copy."""
+    import bench_attention
+    import pytest
+
+    from dmtp.models.qwen3 import gqa_mode
+
+    before = gqa_mode("cpu")
+    rows = bench_attention.main(["--batch-sizes", "2", "--rows", "1", "4", "--slots", "40", "--heads", "8",
+                                 "--kv-heads", "2", "--head-dim", "16", "--reps", "2"])
+    assert [(r["rows"], r["slots"]) for r in rows] == [(1, 40), (4, 40)]
+    assert all(r["max_abs_diff"] < 1e-5 and min(r["repeat_ms"], r["grouped_ms"], r["native_ms"]) > 0 for r in rows)
+    assert gqa_mode("cpu") == before
+    with pytest.raises(SystemExit) as e:
+        bench_attention.main(["--heads", "6", "--kv-heads", "4"])
+    assert e.value.code == 2 and "must be a multiple of --kv-heads" in capsys.readouterr().err

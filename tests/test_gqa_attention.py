@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from dmtp.decode import SpecDecoder, build_proposer
+from dmtp.injection import VARIANTS
 from dmtp.models.qwen3 import additive_mask, attend, gqa_mode, set_gqa_mode
 from test_decode_loop import MAX_NEW, eos_and_refs, continuations, greedy_reference, make_drafter, prompts, tokenizer  # noqa: F401
 
@@ -109,7 +110,7 @@ def test_mode_names_are_checked():
     assert gqa_mode("cpu") in ("native", "grouped", "repeat")
 
 
-@pytest.mark.parametrize("method", ["ar", "mtp415", "raw_dflash", "dual_anchor_zero_init"])
+@pytest.mark.parametrize("method", ["ar", "mtp415", *VARIANTS])
 def test_grouped_query_decoding_is_lossless(gqa, micro_target, micro_mtp, prompts, eos_and_refs, method):  # noqa: F811
     """The micro target and its drafters have grouped heads: with the query regrouped (the CUDA default,
     forced here on CPU) greedy decoding is still token for token the target's own."""

@@ -53,6 +53,7 @@ def test_layout_of_each_family(written):
         assert cfg["mtp_num_hidden_layers"] == 1
     elif spec.mtp_layout == "mtp_listed":
         assert listed_mtp and all(k.startswith("mtp.") for k in listed_mtp) and cfg["mtp_num_hidden_layers"] == 1
+        assert min(index[k] for k in listed_mtp) >= max(index[k] for k in index if k not in listed_mtp)  # MTP last
     else:
         assert listed_mtp and f"model.layers.{layers}.eh_proj.weight" in index and cfg["num_nextn_predict_layers"] == 1
         assert any(".mlp.experts.0.gate_proj.weight" in k for k in index)   # per-expert, as the releases

@@ -28,6 +28,7 @@
 #                       time) vs our loop on the same target and drafter, and AR vs transformers generate()
 #            rs_context AR at batch 1 and 32, contexts 256 / 2k / 8k, GQA repeat (the old K/V copy) vs grouped
 #            rs_kernels per-kernel time of one AR step and one verify round (torch.profiler), batch 1
+#            rs_attention one attention call per GQA mode at 8B attention shapes (tools/bench_attention.py)
 #            rs_train   realsize_train: the lead's training steps at 8B shapes (a marked placeholder; also
 #                       GPU_CHECK_STEPS="realsize_train" alone, in a call of its own)
 #            Knobs: GPU_REALSIZE_DIR (/dev/shm/dmtp_realsize), GPU_REALSIZE_SHAPE_ARGS (extra
@@ -222,6 +223,14 @@ rs_context() {  # attention reads per request length: AR batch 1 vs 32 at each c
         --contexts $RS_CONTEXTS --gqa-modes repeat grouped --new-tokens 24 --kernels 0 --out "$work/realsize_context.json"
 }
 
+rs_attention() {   # one attention call per GQA mode at 8B attention shapes: the K/V copy's cost alone, no model
+    local dev dtype=float32
+    dev=$("$PY" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
+    [ "$dev" = cuda ] && dtype=bfloat16
+    "$PY" tools/bench_attention.py --device "$dev" --dtype "$dtype" --batch-sizes $RS_BATCHES --rows 1 16 \
+        --slots $RS_CONTEXTS --out "$work/realsize_attention.json"
+}
+
 rs_kernels() {  # per-kernel time of one AR step and one verify round of raw DFlash and DMTP, batch 1, context 256
     "$PY" tools/profile_decode.py --target "$RS_DIR" --dtype bfloat16 $RS_DRAFTER \
         --methods ar,raw_dflash,dual_anchor_zero_init --batch-sizes 1 --contexts 256 --new-tokens 16 \
@@ -241,7 +250,7 @@ realsize_train() {
 # <<< realsize_train
 
 export -f install probe build_target gpu_tests bench_decode bench_trained bench_peer pip_offline
-export -f rs_target rs_table rs_peer rs_context rs_kernels realsize_train
+export -f rs_target rs_table rs_peer rs_context rs_kernels rs_attention realsize_train
 export PY WHEELS work out RS_DIR RS_SHAPE_ARGS RS_CONTEXTS RS_BATCHES RS_DRAFTER
 
 # The limits add up to 500 s (under the 540 s call): install 60, probe 40, target 45, tests 170,
@@ -270,14 +279,14 @@ if wants bench; then
 fi
 if wants peer; then step peer 75 bench_peer >"$out/bench_peer.txt" 2>&1; quiet <"$out/bench_peer.txt" | grep -vE "^report written"; fi
 if wants realsize || wants realsize_train; then
-    # Limits (x SCALE): target 90, table 120, peer 100, context 120, kernels 70: 500 s, so that install + realsize fit
-    # one 600 s call (estimated ~380 s on an H200). Without the target nothing else can run; every other sub-step
-    # runs even if the one before it failed or timed out. GPU_CHECK_STEPS="realsize_train" runs the target (reused
-    # while the machine is warm) and the training placeholder only, in a call of its own.
+    # Limits (x SCALE): target 90, table 120, peer 100, context 120, kernels 70, attention 30: 530 s, so that install + realsize fit
+    # one 600 s call (estimated ~390 s on an H200) while realsize_train is a placeholder (0 s). Once it trains, give it a
+    # call of its own: GPU_CHECK_STEPS="realsize_train" runs the target (reused while the machine is warm) and the
+    # training only. Without the target nothing else can run; every other sub-step runs even if the one before failed.
     { step rs_target 90 rs_target && {
         if wants realsize; then
             step rs_table 120 rs_table; step rs_peer 100 rs_peer; step rs_context 120 rs_context
-            step rs_kernels 70 rs_kernels
+            step rs_kernels 70 rs_kernels; step rs_attention 30 rs_attention
         fi
         step rs_train "$RS_TRAIN_LIMIT" realsize_train; }; } >"$out/realsize.txt" 2>&1
     # The console gets the tables but not the kernel lists (they are in realsize.txt): the call's tail is 12k characters.

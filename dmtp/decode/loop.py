@@ -13,7 +13,8 @@ Per round, for a batch of requests that each advance by their own accepted lengt
 
 Every stage reads and writes preallocated device buffers and takes no host values, so the same
 functions run eagerly on CPU and replay as CUDA graphs on GPU (`dmtp.decode.graphs`). The only host
-sync is the `done` poll every `poll_every` rounds.
+sync is the `done` poll every `poll_every` rounds (with graphs it also reads the longest length, which
+picks the span bucket: captured rounds attend the first `span` cache slots, see `graph_span_step`).
 
 Python::
 
@@ -115,6 +116,7 @@ class DecodeState:
         self.batch, self.max_len, self.device, self.dtype = batch, max_len, torch.device(device), dtype
         self.num_candidates = k = num_candidates
         self.width = w = k + 1
+        self.longest_bound = 0   # host-side: the longest prompt of the batch (set at prefill)
         self.vocab_size = vocab_size
         sampling.check_vocabulary(vocab_size)
         self.sampling = sampling
@@ -239,13 +241,18 @@ class SpecDecoder:
     apart (`extra["compile_s"]`).
     Otherwise the stages run eagerly, over the live span of the caches (`SPAN_STEP`). time_stages:
     per-stage timing (host-synced on CUDA eager; CUDA events with graphs). poll_every: rounds between
-    `done` polls (default 1 eager or compiled, 4 graphs)."""
+    `done` polls (default 1 eager or compiled, 4 graphs). graph_span_step: captured rounds attend only the
+    first `span` slots of the caches, `span` a multiple of this covering every row the round touches, one
+    capture per span bucket (None: the whole caches, one capture per batch bucket). The host bounds the
+    longest length without a sync (its value at the last poll + the block width per round since), so a
+    bucket is always wide enough; at 8B shapes this skips the K/V of the cache's unreached slots (the
+    256-rounded slack, and the budget not yet decoded), ~10% of a batch-32 round at short contexts."""
 
     def __init__(self, target, proposer: Proposer, eos_token_id: int | Sequence[int] | None = None, *,
                  runner: str | TargetRunner = "auto", attention: str = "auto", cuda_graphs: bool = False,
                  compile: bool | str = False, batch_buckets: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128),
                  warmup_rounds: int = 2, poll_every: int | None = None, time_stages: bool = True,
-                 graph_granularity: str = "stage"):
+                 graph_granularity: str = "stage", graph_span_step: int | None = 256):
         self.target = target
         self.proposer = proposer
         if isinstance(runner, TargetRunner):
@@ -274,6 +281,9 @@ class SpecDecoder:
         self.poll_every = poll_every or (4 if self.use_graphs else 1)
         self.time_stages = time_stages
         self.graph_granularity = graph_granularity
+        if graph_span_step is not None and graph_span_step < 1:
+            raise ValueError(f"graph_span_step must be a positive number of slots or None, got {graph_span_step}")
+        self.graph_span_step = graph_span_step
         self.vocab_size = target.lm_head.weight.shape[0]
         self.st: DecodeState | None = None
         self._graphs: dict = {}
@@ -284,8 +294,8 @@ class SpecDecoder:
 
     @property
     def fixed_shapes(self) -> bool:
-        """Graphs and compiled stages replay one program per shape: buckets of batch and cache length,
-        whole caches attended. The eager path sizes everything exactly and attends the live span."""
+        """Graphs and compiled stages replay one program per shape: buckets of batch and cache length (and,
+        for graphs, of the attended span). The eager path sizes everything exactly and attends the live span."""
         return self.use_graphs or self.compiled
 
     def replays_program(self, sampling: SamplingConfig) -> bool:
@@ -396,6 +406,7 @@ class SpecDecoder:
         st.reset()
         st.max_new.fill_(max_new)
         self._set_span(st, t)
+        st.longest_bound = t
         out = self.runner.prefill(ids, lengths, last_logits_only=True)
         s = st.sampling
         first = sample_tokens(out.logits, s.temperature, s.top_k, s.top_p, generator=st.generator)[:, 0]
@@ -508,16 +519,33 @@ class SpecDecoder:
         self.runner.span = (None if self.replays_program(st.sampling)
                             else min(st.max_len, _round_up(longest + st.width + 1, SPAN_STEP)))
 
-    def _round_fn(self, st: DecodeState, timer) -> Callable[[], None]:
-        """One round of `st`'s batch: the captured / compiled program (captured on first use), else the
-        stages eagerly over the live span. `timer`: anything with `.stage(name)` giving a context."""
+    def _graph_span(self, st: DecodeState, longest_bound: int) -> int | None:
+        """The span bucket of a captured round whose longest committed length is at most `longest_bound`:
+        the eager rule (every row below longest + width + 1) rounded up to `graph_span_step`. None: the
+        whole caches (no graphs, or span buckets off)."""
+        if not (self.use_graphs and self.graph_span_step):
+            return None
+        return min(st.max_len, _round_up(longest_bound + st.width + 1, self.graph_span_step))
+
+    def _round_fn(self, st: DecodeState, timer, span: int | None = None) -> Callable[[], None]:
+        """One round of `st`'s batch: the captured / compiled program of `span` (captured on first use;
+        the runner's span is that program's whenever it runs, as its shapes were captured with it), else
+        the stages eagerly over the live span. `timer`: anything with `.stage(name)` giving a context.
+        A capture's warm-up passes advance the lengths past the bucket: their writes stay inside the
+        caches (which have room for them), their reads are cut to the span, and the state is restored."""
         if self.replays_program(st.sampling):
-            key = (st.batch, st.max_len, st.sampling.key())
+            key = (st.batch, st.max_len, st.sampling.key(), span)
             program = self._graphs.get(key)
             if program is None:
+                self.runner.span = span
                 program = self._capture(st)
                 self._graphs[key] = program
-            return lambda: program.replay(timer)
+
+            def replay():
+                self.runner.span = span
+                program.replay(timer)
+
+            return replay
         stages = self.stages(st)
         lengths = self.runner.lengths
 
@@ -534,15 +562,24 @@ class SpecDecoder:
         its kernels). Rounds past every request's end only rewrite scratch rows: nothing read back changes."""
         if self.st is None:
             raise RuntimeError("round_fn() needs a batch: call generate() first")
-        return self._round_fn(self.st, timer)
+        return self._round_fn(self.st, timer, self.runner.span if self.use_graphs else None)
 
     def _decode_rounds(self, st: DecodeState, max_new: int, timer: StageTimer | None) -> None:
-        run_round = self._round_fn(st, timer)
+        buckets = self._graph_span(st, 0) is not None
+        known, since = st.longest_bound, 0   # host bound on the longest length: known + since x width
+        run_round, current = None, -1
         for r in range(max_new + self.poll_every):
+            span = self._graph_span(st, known + since * st.width)
+            if run_round is None or span != current:   # outside the round's timer: a capture is not a round
+                run_round, current = self._round_fn(st, timer, span), span
             with (timer.round() if timer is not None else contextlib.nullcontext()):
                 run_round()
-            if (r + 1) % self.poll_every == 0 and bool(st.done.all()):
-                break
+            since += 1
+            if (r + 1) % self.poll_every == 0:
+                if bool(st.done.all()):
+                    break
+                if buckets:   # the poll has synced already: one more small read tightens the bound
+                    known, since = int(self.runner.lengths.max()), 0
 
     def _capture(self, st: DecodeState):
         """CUDA graphs or compiled stages of the round. The stages run during the capture / compile

@@ -146,7 +146,10 @@ def plan_shards(names: dict, dtype: torch.dtype, shard_bytes: int) -> list[list[
 
 
 def _layer_order(name: str):
-    """Embedding first, then layer by layer (numerically), then the rest: shards hold whole layers in order."""
+    """Embedding first, then layer by layer (numerically), then the rest, then `mtp.*`: shards hold whole
+    layers in order, the MTP last (as the releases store it)."""
+    if name.startswith("mtp."):
+        return (3, 0, name)
     parts = name.split(".")
     if "layers" in parts:
         i = parts.index("layers")
