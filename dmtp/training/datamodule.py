@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from dmtp.errors import reason
 from dmtp.data.corpora import DOMAINS, texts
+from dmtp.data.evalsets import EVAL_SETS, build_turn_prompts, load_eval_set
 from dmtp.data.prompts import held_out_prompts
 from dmtp.data.records import encode_record
 from dmtp.training.regenerate import RegenSettings, regenerate
@@ -108,6 +109,20 @@ def read_records(files: list[str] | None = None, hf_dataset: str | None = None, 
     return records[:limit] if limit else records
 
 
+def validation_sets(val_sets) -> dict[str, str]:
+    """data.val_sets: {eval-set name: path} (dmtp.data.evalsets' names), or nothing."""
+    if val_sets is None:
+        return {}
+    sets = OmegaConf.to_container(val_sets, resolve=True) if OmegaConf.is_config(val_sets) else val_sets
+    if not isinstance(sets, dict) or not all(isinstance(v, str) for v in sets.values()):
+        raise ValueError(f"data.val_sets must map an eval-set name to a file, e.g. "
+                         f"'data.val_sets={{gsm8k: /data/gsm8k/test.jsonl}}'; got {sets!r:.120}")
+    unknown = [name for name in sets if name not in EVAL_SETS]
+    if unknown:
+        raise ValueError(f"data.val_sets: unknown eval set {unknown[0]!r}; choose from {', '.join(EVAL_SETS)}")
+    return {name: str(Path(path).expanduser()) for name, path in sets.items()}
+
+
 class DraftDataModule(L.LightningDataModule):
     def __init__(self, tokenizer, target, source: str = "embedded", domains=("code", "math"),
                  files: list[str] | None = None, hf_dataset: str | None = None, hf_split: str = "train",
@@ -116,7 +131,7 @@ class DraftDataModule(L.LightningDataModule):
                  regen_new_tokens: int = 192, regen_sequences: int = 512, regen_temperature: float = 0.0,
                  regen_top_k: int = 0, regen_top_p: float = 1.0, regen_batch_size: int = 64, regen_engine: str = "dmtp",
                  vllm_engine_args=None, val_domains=DOMAINS, val_prompts: int = 8, val_prompt_len: int = 48,
-                 val_new_tokens: int = 72, num_workers: int = 0, seed: int = 0):
+                 val_new_tokens: int = 72, val_sets=None, num_workers: int = 0, seed: int = 0):
         super().__init__()
         if source not in ("embedded", "files", "hf"):
             raise ValueError(f"data.source must be embedded, files or hf, got {source!r}")
@@ -141,10 +156,11 @@ class DraftDataModule(L.LightningDataModule):
         self.vllm_engine_args = (OmegaConf.to_container(vllm_engine_args, resolve=True) if OmegaConf.is_config(vllm_engine_args)
                                  else dict(vllm_engine_args or {}))
         self.val_domains, self.val_prompts = list(val_domains), val_prompts
+        self.val_sets = validation_sets(val_sets)
         self.val_prompt_len, self.val_new_tokens = val_prompt_len, val_new_tokens
         self.num_workers, self.seed = num_workers, seed
         self.train_rows: list[dict] | None = None
-        self.val_sets: dict[str, list[dict]] = {}
+        self.val_rows: dict[str, list[dict]] = {}   # domain or eval-set name -> held-out rows
 
     @property
     def eos(self) -> int:
@@ -186,16 +202,33 @@ class DraftDataModule(L.LightningDataModule):
         return rows
 
     # -- validation rows: held-out prompts + the target's own greedy continuation -------------------
-    def _val_rows(self, domain: str) -> list[dict]:
+    def _val_rows(self, domain: str, prompts: list[list[int]] | None = None) -> list[dict]:
+        """Held-out rows of `domain`: its prompts (the embedded corpus's, or a prompt file's, each cut to its
+        last `val_prompt_len` tokens) and the target's greedy continuation, regenerated once and cached
+        (dmtp.training.regenerate). Rows share one length: a shorter prompt leaves EOS padding at the end."""
         p, new = self.val_prompt_len, self.val_new_tokens
-        prompts = held_out_prompts(self.tokenizer, domain, "validation", self.val_prompts, p)
+        if prompts is None:
+            prompts = held_out_prompts(self.tokenizer, domain, "validation", self.val_prompts, p)
         conts = regenerate(self.target, prompts, RegenSettings(new_tokens=new), eos_token_id=self.eos, progress=False)
         rows = []
         for prompt, cont in zip(prompts, conts):
-            ids = (prompt + cont + [self.eos] * new)[: p + new]
-            rows.append({"input_ids": ids, "loss_mask": [0] * p + [1] * len(cont) + [0] * (new - len(cont)),
-                         "prompt_len": p, "length": p + len(cont), "domain": domain})
+            n = len(prompt)
+            ids = (prompt + cont + [self.eos] * (p + new))[: p + new]
+            rows.append({"input_ids": ids, "loss_mask": ([0] * n + [1] * len(cont) + [0] * (p + new))[: p + new],
+                         "prompt_len": n, "length": n + len(cont), "domain": domain})
         return rows
+
+    def _file_prompts(self, name: str, path: str) -> list[list[int]]:
+        """The first `val_prompts` prompts of an eval-set file (dmtp.data.evalsets: gsm8k, humaneval, math500,
+        alpaca, mtbench's first turn, or plain `prompts`), as the target reads them, cut to their last
+        `val_prompt_len` tokens."""
+        requests = load_eval_set(name, path, limit=self.val_prompts)
+        prompts = [build_turn_prompts(self.tokenizer, r, [], use_raw_prompt=True)[-self.val_prompt_len:]
+                   for r in requests]
+        empty = next((r.source for r, ids in zip(requests, prompts) if not ids), None)
+        if empty is not None:
+            raise ValueError(f"data.val_sets.{name}: {empty} is an empty prompt")
+        return prompts
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_rows is None:
@@ -204,8 +237,11 @@ class DraftDataModule(L.LightningDataModule):
             if not self.train_rows:
                 raise ValueError(f"no training rows: the {self.source} data gave no sequence of {self.seq_len} tokens "
                                  "with a supervised token")
-        if not self.val_sets:
-            self.val_sets = {d: rows for d in self.val_domains if (rows := self._val_rows(d))}
+        if not self.val_rows:
+            rows = {d: self._val_rows(d) for d in self.val_domains}
+            rows.update({name: self._val_rows(name, self._file_prompts(name, path))
+                         for name, path in self.val_sets.items()})
+            self.val_rows = {d: r for d, r in rows.items() if r}
 
     def train_dataloader(self):
         # The order depends on (seed, epoch) only and resumes mid-epoch (dmtp.training.sampler).
@@ -217,4 +253,4 @@ class DraftDataModule(L.LightningDataModule):
                                num_workers=self.num_workers)
 
     def val_dataloader(self):
-        return [DataLoader(Rows(rows), batch_size=len(rows), collate_fn=_collate) for rows in self.val_sets.values()]
+        return [DataLoader(Rows(rows), batch_size=len(rows), collate_fn=_collate) for rows in self.val_rows.values()]
