@@ -4,6 +4,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
 import bench_decode  # noqa: E402
@@ -180,3 +182,42 @@ def test_bench_attention_modes_agree(capsys):
     with pytest.raises(SystemExit) as e:
         bench_attention.main(["--heads", "6", "--kv-heads", "4"])
     assert e.value.code == 2 and "must be a multiple of --kv-heads" in capsys.readouterr().err
+
+
+def test_train_scale_counts_model_flops_part_by_part(micro_target_dir):
+    """The MFU's numerator: every part as the module docstring of tools/bench_train_scale.py writes it."""
+    import bench_train_scale
+
+    from dmtp.configs import compose_train
+    from dmtp.training.job import build_components
+
+    module = build_components(compose_train(["debug=tiny_budget"]))[3]
+    seq, batch, anchors = 64, 4, 8
+    flops = bench_train_scale.model_flops(module, seq, batch, anchors)
+    tc = module.target.config
+    layer_params = sum(p.numel() for layer in module.target.decoder_layers() for p in layer.parameters())
+    assert flops["target_layers"] == 2 * layer_params * seq * batch
+    assert flops["target_lm_head"] == 2 * tc.hidden_size * tc.vocab_size * seq * batch
+    assert flops["target_attention"] == 4 * tc.num_attention_heads * tc.head_dim * seq * seq / 2 * tc.num_hidden_layers * batch
+    assert flops["total"] == sum(v for k, v in flops.items() if k != "total")
+    more = bench_train_scale.model_flops(module, seq, batch, 2 * anchors)   # the drafter's rows grow with anchors
+    assert more["drafter_forward_backward"] > flops["drafter_forward_backward"]
+    assert more["target_layers"] == flops["target_layers"]
+
+
+@pytest.mark.slow
+def test_train_scale_runs_the_production_trainer_and_reports(tmp_path, micro_target_dir, monkeypatch, capsys):
+    import bench_train_scale
+
+    out = tmp_path / "train.json"
+    monkeypatch.setattr(sys, "argv", ["bench_train_scale.py", "--target", str(micro_target_dir), "--injections",
+                                      "raw_dflash", "--steps", "5", "--checkpoint-every", "3", "--warmup", "0",
+                                      "--seq-len", "64", "--anchors", "8", "--layers", "1", "--taps", "2",
+                                      "--max-examples", "60", "--val-prompts", "2", "--accelerator", "cpu",
+                                      "--threads", "1", "--workdir", str(tmp_path), "--out", str(out)])
+    bench_train_scale.main()
+    [result] = json.loads(out.read_text())["results"]
+    assert result["injection"] == "raw_dflash" and result["steps"] == 5
+    assert result["s_per_step"] > 0 and result["tok_s"] > 0 and result["checkpoint_gb"] > 0
+    assert len(result["checkpoint_stall_s"]) == 1 and result["final_walk_s"] > 0
+    assert "| raw_dflash |" in capsys.readouterr().out

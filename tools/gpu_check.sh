@@ -29,8 +29,8 @@
 #            rs_context AR at batch 1 and 32, contexts 256 / 2k / 8k, GQA repeat (the old K/V copy) vs grouped
 #            rs_kernels per-kernel time of one AR step and one verify round (torch.profiler), batch 1
 #            rs_attention one attention call per GQA mode at 8B attention shapes (tools/bench_attention.py)
-#            rs_train   realsize_train: the lead's training steps at 8B shapes (a marked placeholder; also
-#                       GPU_CHECK_STEPS="realsize_train" alone, in a call of its own)
+#            rs_train   realsize_train: tools/bench_train_scale.py, 20 FSDP training steps at 8B shapes for DMTP
+#                       and raw DFlash (~3-4 min by estimate: give it its own call, GPU_CHECK_STEPS="realsize_train")
 #            Knobs: GPU_REALSIZE_DIR (/dev/shm/dmtp_realsize), GPU_REALSIZE_SHAPE_ARGS (extra
 #            dmtp.tiny.random_target options, e.g. "--tiny" for a CPU rehearsal), GPU_REALSIZE_CONTEXTS
 #            ("256 2048 8192"), GPU_REALSIZE_BATCHES ("1 8 32").
@@ -237,21 +237,21 @@ rs_kernels() {  # per-kernel time of one AR step and one verify round of raw DFl
         --kernels 30 --kernel-rounds 8 --out "$work/realsize_kernels.json"
 }
 
-# >>> realsize_train: THE LEAD FILLS THIS (20-30 FSDP training steps at 8B shapes on "$RS_DIR"). Until
-# tools/bench_train.py takes --realsize it reports "not prepared" and succeeds; its limit is RS_TRAIN_LIMIT.
-RS_TRAIN_LIMIT=${GPU_REALSIZE_TRAIN_LIMIT:-150}
+# realsize_train: the production trainer (FSDP, 1 device, bf16-mixed) at 8B shapes on "$RS_DIR": 20 steps of seq 2048 x
+# batch 2 with 512 anchors and the experiment's 5-layer / 5-tap drafter, for DMTP and raw DFlash; s/step, tok/s, MFU
+# with its FLOP count, peak memory, a checkpoint's stall (step 10), the run-end walk and the bf16 export. Its run
+# directories live in /dev/shm (checkpoints of ~13 GB). A call of its own: GPU_CHECK_STEPS="realsize_train".
+RS_TRAIN_LIMIT=${GPU_REALSIZE_TRAIN_LIMIT:-300}
+RS_TRAIN_ARGS="${GPU_REALSIZE_TRAIN_ARGS:-}"
 realsize_train() {
-    if [ -f tools/bench_train.py ] && grep -q -- "--realsize" tools/bench_train.py; then
-        "$PY" tools/bench_train.py --realsize --target "$RS_DIR" --out "$work/realsize_train.json"
-    else
-        echo "realsize_train: not prepared yet (tools/bench_train.py has no --realsize); skipped"
-    fi
+    local dir; dir=$(dirname "$RS_DIR")
+    "$PY" tools/bench_train_scale.py --target "$RS_DIR" --steps 20 --checkpoint-every 10 --workdir "$dir" \
+        $RS_TRAIN_ARGS --out "$work/realsize_train.json"
 }
-# <<< realsize_train
 
 export -f install probe build_target gpu_tests bench_decode bench_trained bench_peer pip_offline
 export -f rs_target rs_table rs_peer rs_context rs_kernels rs_attention realsize_train
-export PY WHEELS work out RS_DIR RS_SHAPE_ARGS RS_CONTEXTS RS_BATCHES RS_DRAFTER
+export PY WHEELS work out RS_DIR RS_SHAPE_ARGS RS_CONTEXTS RS_BATCHES RS_DRAFTER RS_TRAIN_ARGS
 
 # The limits add up to 500 s (under the 540 s call): install 60, probe 40, target 45, tests 170,
 # bench 2 x 55, peer 75; plus trained 110 where carried (a 600 s call then). Typical times are far below; a
@@ -280,15 +280,15 @@ fi
 if wants peer; then step peer 75 bench_peer >"$out/bench_peer.txt" 2>&1; quiet <"$out/bench_peer.txt" | grep -vE "^report written"; fi
 if wants realsize || wants realsize_train; then
     # Limits (x SCALE): target 90, table 120, peer 100, context 120, kernels 70, attention 30: 530 s, so that install + realsize fit
-    # one 600 s call (estimated ~390 s on an H200) while realsize_train is a placeholder (0 s). Once it trains, give it a
-    # call of its own: GPU_CHECK_STEPS="realsize_train" runs the target (reused while the machine is warm) and the
-    # training only. Without the target nothing else can run; every other sub-step runs even if the one before failed.
+    # one 600 s call (estimated ~390 s on an H200). The training has a call of its own: GPU_CHECK_STEPS="realsize_train" runs
+    # the target (reused while the machine is warm) and the training only (limit RS_TRAIN_LIMIT). Without the target nothing
+    # else can run; every other sub-step runs even if the one before failed.
     { step rs_target 90 rs_target && {
         if wants realsize; then
             step rs_table 120 rs_table; step rs_peer 100 rs_peer; step rs_context 120 rs_context
             step rs_kernels 70 rs_kernels; step rs_attention 30 rs_attention
         fi
-        step rs_train "$RS_TRAIN_LIMIT" realsize_train; }; } >"$out/realsize.txt" 2>&1
+        if wants realsize_train; then step rs_train "$RS_TRAIN_LIMIT" realsize_train; fi; }; } >"$out/realsize.txt" 2>&1
     # The console gets the tables but not the kernel lists (they are in realsize.txt): the call's tail is 12k characters.
     quiet <"$out/realsize.txt" | awk '/^kernels of/{skip=1} skip&&/^\| total/{skip=0; next} !skip' \
         | grep -vE "^report written|^\[random_target\] model-|Loading weights|USDT|profiler_st|gpuGetDeviceCount" | tail -120
