@@ -4,7 +4,8 @@ stall of a checkpoint, the run-end walk and the export, per injection variant.
 
     python -m dmtp.tiny.random_target --shape qwen3-8b --out /dev/shm/qwen3-8b      # random weights, real shapes
     python tools/bench_train_scale.py --target /dev/shm/qwen3-8b [--steps 20] [--seq-len 2048] [--batch 2] \\
-        [--anchors 512] [--injections dual_anchor_zero_init,raw_dflash] [--peak-tflops 790] [--out train.json]
+        [--anchors 512] [--injections dual_anchor_zero_init,raw_dflash] [--peak-tflops 790] [--profile-steps 3] \\
+        [--out train.json]
 
 The data are the embedded corpora packed into rows of --seq-len (the target's own tokenizer), all supervised;
 the walk runs once, at the last step, on --val-prompts code prompts. MFU = model FLOPs per step / step time /
@@ -63,6 +64,34 @@ class Clock(L.Callback):
         self.marks["walk_end"] = self.now()
 
 
+class StepProfile(L.Callback):
+    """torch.profiler over `steps` training steps after `start` (the first run's): the top kernels by device
+    time (CPU time without CUDA), and a Chrome trace where asked. Where the step's time goes, kernel by kernel."""
+
+    def __init__(self, start: int, steps: int, trace: str | None = None, top: int = 30):
+        self.start, self.steps, self.trace, self.top = start, steps, trace, top
+        self.prof = None
+        self.table = ""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.start and self.prof is None:
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+            self.prof = profile(activities=activities, record_shapes=False)
+            self.prof.__enter__()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self.prof is not None and not self.table and trainer.global_step >= self.start + self.steps:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            self.prof.__exit__(None, None, None)
+            key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+            self.table = self.prof.key_averages().table(sort_by=key, row_limit=self.top, max_name_column_width=60)
+            if self.trace:
+                self.prof.export_chrome_trace(self.trace)
+
+
 def _params(modules) -> int:
     return sum(p.numel() for m in modules for p in m.parameters())
 
@@ -112,12 +141,19 @@ def run_one(args, injection: str, root: Path) -> dict:
     ]
     cfg = compose_train(overrides, output_dir=run_dir, tiny=False)
     clock = Clock(args.checkpoint_every)
+    extra = [clock]
+    profiler = None
+    if args.profile_steps:
+        trace = str(Path(args.out).with_suffix(f".{injection}.trace.json")) if args.out else None
+        profiler = StepProfile(args.warmup + 1, args.profile_steps, trace)
+        extra.append(profiler)
     t0 = Clock.now()
-    summary = train(cfg, callbacks=[clock])
+    summary = train(cfg, callbacks=extra)
     done = Clock.now()
     steps = [b - a for a, b in zip(clock.starts, clock.starts[1:])]
     saved_after = {i for i in range(len(steps)) if (i + 1) % args.checkpoint_every == 0}   # interval after step i+1
-    plain = [t for i, t in enumerate(steps) if i not in saved_after][args.warmup:] or steps
+    profiled = set(range(profiler.start, profiler.start + profiler.steps)) if profiler is not None else set()
+    plain = [t for i, t in enumerate(steps) if i >= args.warmup and i not in saved_after | profiled] or steps
     step_s = statistics.median(plain)
     stalls = [steps[i] - step_s for i in sorted(saved_after) if i < len(steps)]
     flops = model_flops(clock.module, args.seq_len, args.batch, args.anchors)
@@ -135,6 +171,7 @@ def run_one(args, injection: str, root: Path) -> dict:
         "export_s": done - max(marks["last_step_end"], marks.get("walk_end", 0)),
         "drafter_params": _params([clock.module.drafter]),
         "checkpoint_gb": _largest_checkpoint_gb(run_dir),
+        "profile": profiler.table if profiler is not None else None,
     }
 
 
@@ -174,6 +211,8 @@ def main() -> None:
     ap.add_argument("--val-prompts", type=int, default=8)
     ap.add_argument("--checkpoint-every", type=int, default=10)
     ap.add_argument("--peak-tflops", type=float, default=790.0)
+    ap.add_argument("--profile-steps", type=int, default=0,
+                    help="profile this many steps after the warm-up: top kernels printed (and a trace beside --out)")
     ap.add_argument("--accelerator", default="auto", choices=["auto", "cpu"])
     ap.add_argument("--threads", default="auto")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
@@ -188,6 +227,9 @@ def main() -> None:
     print(f"\n{device}, target {args.target}, seq {args.seq_len} x batch {args.batch}, {args.anchors} anchors, "
           f"drafter {args.layers} layers / {args.taps} taps / block {args.block}, FSDP on 1 device")
     print(table(results, args.peak_tflops))
+    for r in results:
+        if r["profile"]:
+            print(f"\nwhere the step's time goes, {r['injection']} ({args.profile_steps} steps, top kernels):\n{r['profile']}")
     if args.out:
         Path(args.out).write_text(json.dumps({"device": device, "args": vars(args), "results": results}, indent=1))
 
