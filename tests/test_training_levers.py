@@ -80,3 +80,20 @@ def test_bad_lever_values_are_one_line_errors(key, value, match):
     with pytest.raises(ValueError, match=match) as err:
         build_components(compose_train([f"{key}={value}"]))
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("preset", ["micro", "micro_hybrid"])
+def test_a_loss_on_data_tokens_skips_the_targets_lm_head_and_changes_nothing(preset):
+    """label_source=data with CE reads no target logits: the decoder alone runs (no 151k-vocab head at real
+    sizes), with the very same hidden states, so the loss is unchanged."""
+    from dmtp.tiny.targets import ensure_tiny_target
+    from dmtp.models.target import TargetModel
+
+    target = TargetModel.from_pretrained(ensure_tiny_target(preset, progress=False))
+    ids = torch.randint(5, target.config.vocab_size - 5, (2, 24), generator=torch.Generator().manual_seed(0))
+    full, alone = target(ids, layer_ids=[0, 1]), target(ids, layer_ids=[0, 1], logits=False)
+    assert alone.logits is None and full.logits is not None
+    assert torch.equal(full.layer_hidden, alone.layer_hidden) and torch.equal(full.last_hidden, alone.last_hidden)
+    module = build_components(compose_train(["debug=tiny_budget", "model.label_source=data"]))[3]
+    assert not module.needs_target_logits
+    assert build_components(compose_train(["debug=tiny_budget", "model.label_source=target"]))[3].needs_target_logits

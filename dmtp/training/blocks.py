@@ -23,18 +23,20 @@ from dmtp.training.draws import BatchDraws, RowDraws
 @dataclass
 class TeacherFeatures:
     input_ids: torch.Tensor       # [B, T]
-    target_logits: torch.Tensor   # [B, T, V]
+    target_logits: torch.Tensor | None   # [B, T, V]; None when not asked for
     context: torch.Tensor         # [B, T, context_dim]: injection.context_features(...)
     mtp_hidden: torch.Tensor | None  # [B, T, H]: g[:, t] predicts x_{t+1}; None when no MTP
     target_hidden: torch.Tensor | None = None  # [B, T, H]: the target's post-norm hidden (the MTP's input)
 
 
 def teacher_features(target, mtp, drafter: BlockDrafter, input_ids: torch.Tensor,
-                     attention_mask: torch.Tensor | None = None, mtp_grad: bool = False) -> TeacherFeatures:
+                     attention_mask: torch.Tensor | None = None, mtp_grad: bool = False,
+                     logits: bool = True) -> TeacherFeatures:
     """The frozen target's features at the drafter's tapped layers and the MTP's teacher-forced hiddens;
-    with `mtp_grad` (a jointly trained MTP) the MTP's pass keeps its autograd graph."""
+    with `mtp_grad` (a jointly trained MTP) the MTP's pass keeps its autograd graph. `logits=False`: no
+    target logits (`target_logits` None), for losses that read only the data tokens."""
     with torch.no_grad():
-        out = target(input_ids, layer_ids=drafter.layer_ids, attention_mask=attention_mask)
+        out = target(input_ids, layer_ids=drafter.layer_ids, attention_mask=attention_mask, logits=logits)
     g = None
     with torch.set_grad_enabled(mtp_grad and torch.is_grad_enabled()):
         if drafter.needs_mtp:

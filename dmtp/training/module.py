@@ -139,7 +139,8 @@ class DMTPModule(L.LightningModule):
         `draws` (dmtp.training.draws), else from `generator`."""
         inj = self.drafter.injection
         draws = draws or BatchDraws(generator)
-        feats = teacher_features(self.target, self.mtp, self.drafter, input_ids, mtp_grad=self.train_mtp)
+        feats = teacher_features(self.target, self.mtp, self.drafter, input_ids, mtp_grad=self.train_mtp,
+                                 logits=self.needs_target_logits)
         anchors, keep = sample_anchors(valid_anchors(inj, loss_mask), self.num_anchors, draws=draws)
         t = input_ids.shape[1]
         mtp_inputs = num = None
@@ -207,6 +208,12 @@ class DMTPModule(L.LightningModule):
         acc = correct.flatten(0, 1).sum(0) / mask.flatten(0, 1).sum(0).clamp(min=1)
         return loss, acc, mask.sum()
 
+    @property
+    def needs_target_logits(self) -> bool:
+        """Whether the loss reads the target's distribution (distillation labels, the TV term); a loss on the
+        data tokens alone skips the target's LM head."""
+        return self.label_source != "data" or bool(self.loss_mix[1])
+
     def _mean_over_ranks(self, total: torch.Tensor) -> torch.Tensor:
         """In training across data-parallel ranks: the mean of `total` (the loss weights' sum) over the ranks,
         so that the ranks' averaged gradients are those of ONE weighted mean over the global batch, the same
@@ -223,12 +230,12 @@ class DMTPModule(L.LightningModule):
         drafter (`label_source`: the data token, the target's greedy token, or its distribution)."""
         logits = self.mtp.logits(feats.mtp_hidden[:, 1:-1]).float()        # [B, T-2, V]
         mask = loss_mask[:, 2:].float()
-        teacher = feats.target_logits[:, 1:-1]                              # the target's prediction of x_{t+1}
         if self.label_source == "target_kl":
+            teacher = feats.target_logits[:, 1:-1]                          # the target's prediction of x_{t+1}
             log_p = torch.log_softmax(teacher.float(), -1)
             per_token = (log_p.exp() * (log_p - torch.log_softmax(logits, -1))).sum(-1)
         else:
-            labels = feats.input_ids[:, 2:] if self.label_source == "data" else teacher.argmax(-1)
+            labels = feats.input_ids[:, 2:] if self.label_source == "data" else feats.target_logits[:, 1:-1].argmax(-1)
             per_token = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view_as(mask)
         return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
 
