@@ -23,10 +23,12 @@ COMMON = ["debug=tiny_budget", "logger=csv", "~callbacks.lr_monitor", "trainer.p
           "trainer.val_check_interval=4", "trainer.max_steps=4", "callbacks.model_checkpoint.every_n_train_steps=2",
           "callbacks.model_checkpoint.save_top_k=-1"]
 FSDP_CPU = ["trainer=fsdp", "trainer.accelerator=cpu"]
+DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE")
 
 
 def _train(run_dir, *args, timeout=600) -> str:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # A fresh rendezvous: nothing of a process group an earlier in-process test set up (its port) is inherited.
+    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV} | {"OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-m", "dmtp.train", *COMMON, *args, f"hydra.run.dir={run_dir}"],
                          capture_output=True, text=True, timeout=timeout, env=env)
     assert out.returncode == 0, out.stderr[-3000:]

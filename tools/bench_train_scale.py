@@ -150,6 +150,8 @@ def run_one(args, injection: str, root: Path) -> dict:
     t0 = Clock.now()
     summary = train(cfg, callbacks=extra)
     done = Clock.now()
+    if torch.distributed.is_initialized():   # the FSDP strategy's group: the next variant (or caller) starts afresh
+        torch.distributed.destroy_process_group()
     steps = [b - a for a, b in zip(clock.starts, clock.starts[1:])]
     saved_after = {i for i in range(len(steps)) if (i + 1) % args.checkpoint_every == 0}   # interval after step i+1
     profiled = set(range(profiler.start, profiler.start + profiler.steps)) if profiler is not None else set()
