@@ -206,18 +206,20 @@ def test_train_scale_counts_model_flops_part_by_part(micro_target_dir):
 
 
 @pytest.mark.slow
-def test_train_scale_runs_the_production_trainer_and_reports(tmp_path, micro_target_dir, monkeypatch, capsys):
-    import bench_train_scale
+def test_train_scale_runs_the_production_trainer_and_reports(tmp_path, micro_target_dir):
+    # Its own process: the FSDP strategy sets up a process group (and a rendezvous port) that must not outlive it.
+    import subprocess
 
     out = tmp_path / "train.json"
-    monkeypatch.setattr(sys, "argv", ["bench_train_scale.py", "--target", str(micro_target_dir), "--injections",
-                                      "raw_dflash", "--steps", "5", "--checkpoint-every", "3", "--warmup", "0",
-                                      "--seq-len", "64", "--anchors", "8", "--layers", "1", "--taps", "2",
-                                      "--max-examples", "60", "--val-prompts", "2", "--accelerator", "cpu",
-                                      "--threads", "1", "--workdir", str(tmp_path), "--out", str(out)])
-    bench_train_scale.main()
+    tool = Path(__file__).resolve().parents[1] / "tools" / "bench_train_scale.py"
+    run = subprocess.run([sys.executable, str(tool), "--target", str(micro_target_dir), "--injections", "raw_dflash",
+                          "--steps", "5", "--checkpoint-every", "3", "--warmup", "0", "--seq-len", "64", "--anchors",
+                          "8", "--layers", "1", "--taps", "2", "--max-examples", "60", "--val-prompts", "2",
+                          "--accelerator", "cpu", "--threads", "1", "--workdir", str(tmp_path), "--out", str(out)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
     [result] = json.loads(out.read_text())["results"]
     assert result["injection"] == "raw_dflash" and result["steps"] == 5
     assert result["s_per_step"] > 0 and result["tok_s"] > 0 and result["checkpoint_gb"] > 0
     assert len(result["checkpoint_stall_s"]) == 1 and result["final_walk_s"] > 0
-    assert "| raw_dflash |" in capsys.readouterr().out
+    assert "| raw_dflash |" in run.stdout
