@@ -21,6 +21,7 @@ from dmtp.engines.catalogue import engine_named
 from dmtp.inference.setup import (LoadedDrafter, LoadedTarget, drafter_with_mtp, dtype_name, load_drafter, load_mtp,
                                   load_target, placement)
 from dmtp.inference.workloads import add_comparisons, decode_workloads
+from dmtp.models.model_card import CARD_NAME, set_card_section
 from dmtp.models.mtp_loading import MTPLoadError
 from dmtp.reports.decoding import jsonable, report
 from dmtp.tiny.targets import default_target_dir
@@ -52,7 +53,8 @@ def compare_methods(cfg, named: set[str] | None = None) -> dict:
     finally:
         for d in decoders.values():   # an engine with processes of its own (vLLM): stop them now
             d.close()
-    write_report(cfg, metrics)
+    text = write_report(cfg, metrics)
+    record_on_card(cfg, loaded, text)
     return metrics
 
 
@@ -169,8 +171,25 @@ def run_record(cfg, loaded: Loaded, decoders: dict, workloads: dict) -> dict:
     }
 
 
-def write_report(cfg, metrics: dict) -> None:
-    """Print the comparison; write metrics.json (read by dmtp.report: replaced whole or not at all) and table.txt."""
+def record_on_card(cfg, loaded: Loaded, text: str) -> None:
+    """The printed comparison, as a section of the decoded drafter's model card (dmtp.models.model_card; one
+    section per run directory, so a rerun replaces its own). Only a card dmtp wrote is edited, and a card that
+    cannot be written is one line: the run's own outputs are already on disk."""
+    drafter = loaded.drafter
+    if drafter is None:
+        return
+    title = (f"`dmtp.infer` against {loaded.target.path}: {drafter.label}, eval {cfg.eval.name}, engine "
+             f"{cfg.get('engine', 'dmtp')}, temperature {cfg.temperature}, {cfg.max_new_tokens} new tokens")
+    try:
+        if set_card_section(drafter.path, f"infer {Path(cfg.output_dir).resolve()}", title, text):
+            print(f"[dmtp] table added to the drafter's card: {Path(drafter.path) / CARD_NAME}")
+    except OSError as e:
+        print(f"[dmtp] the drafter's card {Path(drafter.path) / CARD_NAME} was not updated: {e.strerror or e}")
+
+
+def write_report(cfg, metrics: dict) -> str:
+    """Print the comparison (returned); write metrics.json (read by dmtp.report: replaced whole or not at all)
+    and table.txt."""
     metrics["config"] = OmegaConf.to_container(cfg, resolve=False)
     text = report(metrics)
     print(text)
@@ -179,3 +198,4 @@ def write_report(cfg, metrics: dict) -> None:
     write_json(out_dir / "metrics.json", jsonable(metrics))
     write_text(out_dir / "table.txt", text + "\n")
     print(f"[dmtp] metrics written to {out_dir / 'metrics.json'}")
+    return text
