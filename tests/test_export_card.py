@@ -7,9 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 
-import pytest
 import torch
 
 from dmtp.block_drafter import fresh_drafter_for
