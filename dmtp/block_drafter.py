@@ -29,7 +29,9 @@ from dmtp.models.drafter import (DFlashConfig, DFlashDrafter, load_drafter, read
                                  save_drafter)
 from dmtp.models.drafter_factory import build_drafter, target_layer_ids_for
 from dmtp.models.drafter_fit import require_block_fit, require_context_width
+from dmtp.models.model_card import write_card
 from dmtp.models.mtp_loading import TUNED_MTP_NAME, save_tuned_mtp
+from dmtp.models.provenance import target_provenance
 
 INJECTION_PREFIX = "dmtp_injection."
 
@@ -207,14 +209,21 @@ class BlockDrafter(nn.Module):
              state: dict[str, torch.Tensor] | None = None, dtype: torch.dtype | None = None,
              mtp_state: dict[str, torch.Tensor] | None = None, **extra_config) -> None:
         """`tuned_mtp`: a jointly trained MTP, written beside the drafter as mtp.safetensors under
-        `target_path`'s own checkpoint names. `extra_config` goes under config.json's "dmtp" section.
+        `target_path`'s own checkpoint names. `extra_config` goes under config.json's "dmtp" section; with
+        `target=` (the target as given: a path or a hub id) it also records the target's config.json and MTP
+        files' sha256 (dmtp.models.provenance), and `train_config=` (the run's composed config) becomes the
+        card's training recipe. README.md beside the weights is the model card (dmtp.models.model_card).
         `state` / `mtp_state`: this unit's / the MTP's full tensors when the modules hold shards (FSDP:
         dmtp.training.fsdp.full_state); `dtype`: the floating tensors' precision on disk (None: as held)."""
         state = self.state_dict() if state is None else state
         own = lambda prefix: {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}  # noqa: E731
         tensors = {INJECTION_PREFIX + k: v.detach().contiguous() for k, v in own("injection.").items()}
         # "injection_kwargs": the options it was built with (the key every exported drafter carries).
-        meta = {"injection": self.variant, "injection_kwargs": self.injection.variant_options, **extra_config}
+        # The block size and architecture are config.json's own (block_size, architectures), not repeated here.
+        meta = {"injection": self.variant, "injection_kwargs": self.injection.variant_options}
+        if extra_config.get("target") is not None:
+            meta.update(target_provenance(extra_config["target"]))
+        meta.update(extra_config)
         if tuned_mtp is not None:
             meta["tuned_mtp"] = TUNED_MTP_NAME
         # A variant that reads the MTP is not the published DFlash drafter: it gets its own architecture
@@ -223,6 +232,7 @@ class BlockDrafter(nn.Module):
                      dmtp_architecture=self.needs_mtp, state=own("backbone."), dtype=dtype)
         if tuned_mtp is not None:
             save_tuned_mtp(path, tuned_mtp, target_path, state=mtp_state, dtype=dtype)
+        write_card(path, meta, read_drafter_config(path), meta.get("train_config"))
 
 
 def _make(injection, hidden_size: int, num_target_features: int, mask_token_id: int, block_size: int) -> Injection:

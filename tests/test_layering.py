@@ -6,7 +6,7 @@ Tiers, low -> high (the one table; a new package or top-level module must be pla
   0  utilities every layer may use (files, paths, threads, warnings, error wording, config composition)
   1  the model, injection and data libraries
   2  what is built on them: decoding, the block drafter, the embedded tiny-target builder
-  3  applications of those: training, serving, inference, reports
+  3  applications of those: training, serving, the engines that decode behind one interface, inference, reports
   4  commands and their command-line plumbing, and tools/
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ TIERS = {
     # 2: built on the libraries
     "dmtp.decode": 2, "dmtp.block_drafter": 2, "dmtp.tiny": 2,
     # 3: applications
-    "dmtp.training": 3, "dmtp.serving": 3, "dmtp.inference": 3, "dmtp.reports": 3,
+    "dmtp.training": 3, "dmtp.serving": 3, "dmtp.inference": 3, "dmtp.reports": 3, "dmtp.engines": 3,
     # 4: commands (imported by nothing: see COMMANDS) and their plumbing; tools/
     "dmtp.cli": 4, "dmtp.train": 4, "dmtp.infer": 4, "dmtp.report": 4, "dmtp.tiny.build": 4, "tools": 4,
 }

@@ -11,8 +11,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LOADS = {"placement", "load_target", "load_mtp", "load_drafter", "build_decoder"}
-CALLERS = {"dmtp/inference/compare.py": LOADS, "tools/bench_decode.py": LOADS, "tools/bench_peer.py": LOADS,
-           "dmtp/training/evaluate.py": {"build_decoder"}}   # decode-after holds its trained modules already
+CALLERS = {"dmtp/inference/compare.py": LOADS - {"build_decoder"},   # its decoders come from the engine (below)
+           "tools/bench_decode.py": LOADS, "tools/bench_peer.py": LOADS,
+           "dmtp/training/evaluate.py": {"build_decoder"},   # decode-after holds its trained modules already
+           "dmtp/engines/dmtp_loop.py": {"build_decoder"}}   # engine=dmtp (dmtp.infer, regeneration, benches)
 # What the loader does, done by hand: the target and its tokenizer, the MTP, the drafter and its MTP, a decoder.
 BY_HAND = {"TargetModel", "load_tokenizer", "ensure_tiny_target", "load_native_mtp", "load_drafter_for",
            "mtp_for_drafter", "build_proposer", "SpecDecoder", "resolve_device", "resolve_dtype"}

@@ -33,11 +33,20 @@ import torch  # noqa: E402
 
 from dmtp.data.prompts import held_out_prompts  # noqa: E402
 from dmtp.decode.loop import SamplingConfig  # noqa: E402
-from dmtp.inference.setup import (build_decoder, load_drafter, load_mtp, load_target, placement,  # noqa: E402
-                                  target_config)
+from dmtp.engines.base import DecoderRequest  # noqa: E402
+from dmtp.engines.catalogue import engine_named  # noqa: E402
+from dmtp.inference.setup import load_drafter, load_mtp, load_target, placement, target_config  # noqa: E402
 from dmtp.inference.workloads import decode_workloads  # noqa: E402
 from dmtp.reports.tables import format_table  # noqa: E402
-from dmtp.serving.vllm_decoder import VLLMDecoder  # noqa: E402
+
+
+def engine_decoders(name: str, loaded, drafters, mtp, dtype, options: dict) -> dict:
+    """{label: decoder}: the target alone and every drafter, from the engine registered as `name`."""
+    engine = engine_named(name)
+    out = engine.decoders(DecoderRequest(["ar"], {"ar"}, loaded, None, mtp, dtype, options))
+    for d in drafters:
+        out.update(engine.decoders(DecoderRequest(["drafter"], {"drafter"}, loaded, d, mtp, dtype, options)))
+    return out
 
 
 def main(argv=None) -> None:
@@ -57,7 +66,6 @@ def main(argv=None) -> None:
     device, dtype = placement("cpu", "float32")
     loaded = load_target(target_config(args.target, args.preset), device, dtype)
     mtp = load_mtp(loaded)
-    eos = loaded.eos_token_id
     domains = args.domains.split(",")
     per_domain = -(-args.num_prompts // len(domains))
     prompts = [p for d in domains
@@ -69,21 +77,17 @@ def main(argv=None) -> None:
     rows, report = [], {"target": loaded.path, "drafters": args.drafter, "prompts": len(prompts),
                         "max_new_tokens": args.max_new_tokens, "torch_threads": torch.get_num_threads(),
                         "machine": platform.processor() or platform.machine(), "by_batch": {}}
-    ours = {"ar": build_decoder(loaded.model, "ar", eos)}
-    for d in drafters:
-        ours[d.label] = build_decoder(loaded.model, "drafter", eos, mtp=d.mtp, drafter=d.model, name=d.label)
+    ours = engine_decoders("dmtp", loaded, drafters, mtp, dtype, {})
     for batch in args.batch_sizes:
-        theirs = {"ar": VLLMDecoder("ar", loaded.path, [eos], engine_args=engine_args)}
-        for d in drafters:
-            theirs[d.label] = VLLMDecoder(d.label, loaded.path, [eos], d.path, engine_args,
-                                          num_candidates=d.model.num_candidates)
+        theirs = engine_decoders("vllm", loaded, drafters, mtp, dtype, engine_args)   # a fresh engine per batch size
         figures = {}
         for engine, decoders in (("dmtp", ours), ("vllm", theirs)):
             started = time.perf_counter()
             run = decode_workloads(decoders, {"all": prompts}, max_new_tokens=args.max_new_tokens, sampling=greedy,
                                    batch_size=batch, warmup=True)
-            for d in theirs.values() if engine == "vllm" else ():
-                d.close()
+            if engine == "vllm":   # its processes stop before the next batch size starts another
+                for d in decoders.values():
+                    d.close()
             figures[engine] = {name: {"tau": s["tau_per_request"], "tokens_per_s": s["tokens_per_s"],
                                       "tokens": run["results"][("all", name)].tokens}
                                for name, s in run["overall"].items()}

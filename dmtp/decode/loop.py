@@ -293,6 +293,19 @@ class SpecDecoder:
         return self.proposer.num_candidates
 
     @property
+    def predicts_confidence(self) -> bool:
+        """Its drafter predicts acceptance (DSpark): confidence-scheduled verification applies to it."""
+        return bool(self.proposer.predicts_confidence)
+
+    def info(self) -> dict:
+        """How it decodes, for metrics.json's run record (dmtp.engines.base.Decoder)."""
+        return {"runner": self.runner.kind, "attention": getattr(self.runner, "attention", None),
+                "cuda_graphs": self.use_graphs, "compiled": self.compiled, "compile_s": self.compile_s}
+
+    def close(self) -> None:
+        """Nothing runs apart from this process: its caches go with the decoder."""
+
+    @property
     def fixed_shapes(self) -> bool:
         """Graphs and compiled stages replay one program per shape: buckets of batch and cache length (and,
         for graphs, of the attended span). The eager path sizes everything exactly and attends the live span."""

@@ -1,5 +1,6 @@
-"""The body of `python -m dmtp.infer`: load (target, drafter, MTP) -> build the decoders -> the prompts
--> decode them with every method through the one loop -> print the comparison and write metrics.json."""
+"""The body of `python -m dmtp.infer`: load (target, drafter, MTP) -> the engine's decoders (dmtp.engines,
+`engine=` by name) -> the prompts -> decode them with every method -> print the comparison and write
+metrics.json."""
 from __future__ import annotations
 
 import sys
@@ -15,15 +16,15 @@ from dmtp.data.evalsets import build_turn_prompts
 from dmtp.inference.drafters import drafter_target, find_latest_drafter, method_needs_mtp, no_drafter_for
 from dmtp.inference.options import decode_options, named_methods
 from dmtp.inference.prompt_sets import embedded_prompts, eval_set_prompts, fit_prompts, prompt_limit
-from dmtp.inference.setup import (LoadedDrafter, LoadedTarget, build_decoder, drafter_with_mtp, dtype_name,
-                                  load_drafter, load_mtp, load_target, placement)
+from dmtp.engines.base import DecoderRequest
+from dmtp.engines.catalogue import engine_named
+from dmtp.inference.setup import (LoadedDrafter, LoadedTarget, drafter_with_mtp, dtype_name, load_drafter, load_mtp,
+                                  load_target, placement)
 from dmtp.inference.workloads import add_comparisons, decode_workloads
+from dmtp.models.model_card import CARD_NAME, set_card_section
 from dmtp.models.mtp_loading import MTPLoadError
 from dmtp.reports.decoding import jsonable, report
 from dmtp.tiny.targets import default_target_dir
-
-ENGINES = ("dmtp", "vllm")
-
 
 @dataclass
 class Loaded:
@@ -41,6 +42,7 @@ def compare_methods(cfg, named: set[str] | None = None) -> dict:
     methods asked for by name (default: `named_methods(cfg)`)."""
     sampling = decode_options(cfg)
     named = named_methods(cfg) if named is None else named
+    engine_named(cfg.get("engine", "dmtp"))   # a wrong name answers before anything loads
     loaded = load(cfg, named)
     decoders = build_decoders(cfg, loaded, named)
     try:
@@ -50,9 +52,9 @@ def compare_methods(cfg, named: set[str] | None = None) -> dict:
         metrics["run"] = run_record(cfg, loaded, decoders, workloads)
     finally:
         for d in decoders.values():   # an engine with processes of its own (vLLM): stop them now
-            if hasattr(d, "close"):
-                d.close()
-    write_report(cfg, metrics)
+            d.close()
+    text = write_report(cfg, metrics)
+    record_on_card(cfg, loaded, text)
     return metrics
 
 
@@ -110,27 +112,10 @@ def with_mtp(target: LoadedTarget, drafter: LoadedDrafter | None, methods: list[
 
 
 def build_decoders(cfg, loaded: Loaded, named: set[str]) -> dict:
-    """label -> decoder of every method: the one loop (engine=dmtp) or vLLM (engine=vllm)."""
-    engine = cfg.get("engine", "dmtp")
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be dmtp or vllm, got {engine!r}")
-    target, drafter, eos = loaded.target, loaded.drafter, loaded.target.eos_token_id
-    if engine == "vllm":   # the same prompts and table, decoded inside vLLM
-        from dmtp.serving.vllm_decoder import vllm_decoders
-
-        args = cfg.get("vllm_engine_args")
-        args = OmegaConf.to_container(args, resolve=True) if OmegaConf.is_config(args) else dict(args or {})
-        return vllm_decoders(loaded.methods, named, target.path, [eos], drafter and drafter.model,
-                             drafter and Path(drafter.path), drafter and drafter.label, args, dtype_name(loaded.dtype))
-    decoders = {}
-    for m in loaded.methods:
-        label = drafter.label if m == "drafter" else m
-        decoders[label] = build_decoder(
-            target.model, m, eos, mtp=drafter.mtp if m == "drafter" else loaded.mtp,
-            drafter=drafter and drafter.model, mtp_steps=cfg.mtp_steps, name=label, runner=cfg.runner,
-            attention=cfg.attention, cuda_graphs=cfg.cuda_graphs, compile=cfg.get("compile", False),
-            warmup_rounds=cfg.warmup_rounds)
-    return decoders
+    """label -> decoder of every method, from the engine `engine=` names (dmtp.engines.catalogue)."""
+    engine = engine_named(cfg.get("engine", "dmtp"))
+    return engine.decoders(DecoderRequest(loaded.methods, named, loaded.target, loaded.drafter, loaded.mtp,
+                                          loaded.dtype, engine.options(cfg)))
 
 
 def prompts(cfg, target: LoadedTarget, decoders: dict):
@@ -171,7 +156,7 @@ def decode_turns(cfg, decoders: dict, sampling, requests: list, workloads: dict,
 
 def run_record(cfg, loaded: Loaded, decoders: dict, workloads: dict) -> dict:
     """metrics.json's `run`: what was decoded, where and how."""
-    first = next(iter(decoders.values())) if decoders else None
+    first = next(iter(decoders.values())).info() if decoders else {}
     drafter = loaded.drafter
     return {
         "target": loaded.target.path, "drafter": drafter.path if drafter else None,
@@ -179,15 +164,32 @@ def run_record(cfg, loaded: Loaded, decoders: dict, workloads: dict) -> dict:
         "methods": list(decoders), "device": str(loaded.device), "dtype": dtype_name(loaded.dtype),
         "batch_size": cfg.batch_size, "max_new_tokens": cfg.max_new_tokens, "eval": cfg.eval.name,
         "num_prompts": {wl: len(p) for wl, p in workloads.items()},
-        "cuda_graphs": bool(first and first.use_graphs), "runner": first.runner.kind if first else None,
-        "compiled": bool(first and first.compiled), "compile_s": {name: d.compile_s for name, d in decoders.items()},
-        "attention": getattr(first.runner, "attention", None) if first else None,
+        "cuda_graphs": bool(first.get("cuda_graphs")), "runner": first.get("runner"),
+        "compiled": bool(first.get("compiled")), "compile_s": {name: d.info()["compile_s"] for name, d in decoders.items()},
+        "attention": first.get("attention"),
         "engine": cfg.get("engine", "dmtp"),
     }
 
 
-def write_report(cfg, metrics: dict) -> None:
-    """Print the comparison; write metrics.json (read by dmtp.report: replaced whole or not at all) and table.txt."""
+def record_on_card(cfg, loaded: Loaded, text: str) -> None:
+    """The printed comparison, as a section of the decoded drafter's model card (dmtp.models.model_card; one
+    section per run directory, so a rerun replaces its own). Only a card dmtp wrote is edited, and a card that
+    cannot be written is one line: the run's own outputs are already on disk."""
+    drafter = loaded.drafter
+    if drafter is None:
+        return
+    title = (f"`dmtp.infer` against {loaded.target.path}: {drafter.label}, eval {cfg.eval.name}, engine "
+             f"{cfg.get('engine', 'dmtp')}, temperature {cfg.temperature}, {cfg.max_new_tokens} new tokens")
+    try:
+        if set_card_section(drafter.path, f"infer {Path(cfg.output_dir).resolve()}", title, text):
+            print(f"[dmtp] table added to the drafter's card: {Path(drafter.path) / CARD_NAME}")
+    except OSError as e:
+        print(f"[dmtp] the drafter's card {Path(drafter.path) / CARD_NAME} was not updated: {e.strerror or e}")
+
+
+def write_report(cfg, metrics: dict) -> str:
+    """Print the comparison (returned); write metrics.json (read by dmtp.report: replaced whole or not at all)
+    and table.txt."""
     metrics["config"] = OmegaConf.to_container(cfg, resolve=False)
     text = report(metrics)
     print(text)
@@ -196,3 +198,4 @@ def write_report(cfg, metrics: dict) -> None:
     write_json(out_dir / "metrics.json", jsonable(metrics))
     write_text(out_dir / "table.txt", text + "\n")
     print(f"[dmtp] metrics written to {out_dir / 'metrics.json'}")
+    return text

@@ -77,10 +77,14 @@ def load_drafter_for(target, path, dtype, device, injection: str | None = None, 
     the label: `variant[k=v,...]`."""
     from dmtp.block_drafter import load_block_drafter
     from dmtp.models.drafter_fit import require_target_fit
+    from dmtp.models.provenance import target_mismatch
 
     options = dict(options or {})
-    drafter, _ = load_block_drafter(path, dtype=dtype, injection=injection, options=options, block_size=block_size)
-    require_target_fit(drafter.config, target, f"drafter {path}")
+    drafter, meta = load_block_drafter(path, dtype=dtype, injection=injection, options=options, block_size=block_size)
+    require_target_fit(drafter.config, target, f"drafter {path}")   # other shapes: refused
+    mismatch = target_mismatch(meta or {}, getattr(target, "path", None), f"drafter {path}")   # same shapes, another target: a warning
+    if mismatch:
+        print(mismatch)
     named = {**options, **({"block_size": block_size} if block_size is not None else {})}
     label = drafter.variant + ("[" + ",".join(f"{k}={v}" for k, v in named.items()) + "]" if named else "")
     return drafter.to(device).eval(), label

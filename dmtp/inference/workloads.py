@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dmtp.decode.loop import DecodeResult, SamplingConfig, SpecDecoder
+from dmtp.decode.loop import DecodeResult, SamplingConfig
+from dmtp.engines.base import Decoder
 
 
-def decode_workloads(decoders: dict[str, SpecDecoder], workloads: dict[str, list[list[int]]], *, max_new_tokens: int,
+def decode_workloads(decoders: dict[str, Decoder], workloads: dict[str, list[list[int]]], *, max_new_tokens: int,
                      sampling: SamplingConfig, batch_size: int, seed: int = 0, warmup: bool = True,
                      progress: bool = False, previous: dict | None = None) -> dict:
     """Run every decoder on every workload. Returns {"workloads": {wl: {method: summary}},
@@ -15,13 +16,13 @@ def decode_workloads(decoders: dict[str, SpecDecoder], workloads: dict[str, list
     per_wl: dict[str, dict] = dict(previous["workloads"]) if previous else {}
     results = dict(previous["results"]) if previous else {}
     general = sampling
-    if general.schedules_verification and not any(_predicts_confidence(d) for d in decoders.values()):
+    if general.schedules_verification and not any(d.predicts_confidence for d in decoders.values()):
         raise ValueError(f"confidence_threshold={general.confidence_threshold} needs a drafter with a confidence "
                          f"head (drafter=dspark); none of {', '.join(decoders)} predicts acceptance")
     for name, dec in decoders.items():
         # Confidence-scheduled verification applies to the drafters that predict acceptance; the baselines
         # beside them verify their whole block.
-        sampling = general if _predicts_confidence(dec) else replace(general, confidence_threshold=0.0)
+        sampling = general if dec.predicts_confidence else replace(general, confidence_threshold=0.0)
         if warmup and previous is None:
             first = next(iter(workloads.values()))
             graphs = dec.fixed_shapes   # graphs / compiled stages: warm up (capture, compile) at the measured shapes
@@ -73,9 +74,3 @@ def add_comparisons(metrics: dict, baseline: str = "ar", greedy: bool = True) ->
                     same += sum(a == b for a, b in zip(ref, mine))
                     total += len(ref)
                 s["matches_ar"] = same / total if total else None
-
-
-def _predicts_confidence(decoder) -> bool:
-    """Whether a decoder's drafter predicts acceptance (DSpark's confidence head). Engines other than dmtp's
-    loop (vLLM) have no `proposer` and verify whole blocks."""
-    return bool(getattr(getattr(decoder, "proposer", None), "predicts_confidence", False))

@@ -1,8 +1,8 @@
 """`python -m dmtp.infer engine=vllm`: a method decoded inside vLLM, reported like dmtp's own loop.
 
-`VLLMDecoder` has what `dmtp.inference.workloads.decode_workloads` uses of a `SpecDecoder`
-(`generate(...) -> DecodeResult`, `num_candidates`, `fixed_shapes`, ...), so the printed table, the
-comparisons and metrics.json are dmtp's, unchanged. Methods: `ar` (the target alone) and a drafter
+`VLLMDecoder` is a `dmtp.engines.base.Decoder` (`generate(...) -> DecodeResult`, `num_candidates`,
+`fixed_shapes`, `info()`, ...), so the printed table, the comparisons and metrics.json are dmtp's, unchanged;
+dmtp.engines.vllm registers it as engine `vllm`. Methods: `ar` (the target alone) and a drafter
 vLLM runs (method `dflash`: a raw DFlash export). The accepted drafts come per request and round from
 vLLM (`per_step_accepted`, before the EOS / budget cut, dmtp's `accepted_raw`); the cut ones follow
 dmtp's rule (`committed_accepted`). Times: `wall_s` around vLLM's batch call; time to first token per
@@ -36,17 +36,10 @@ def committed_accepted(tokens: int, accepted_raw: Sequence[int]) -> list[int]:
     return out
 
 
-class _Runner:
-    kind = "vllm"
-    attention = "vllm"
-
-
 class VLLMDecoder:
-    fixed_shapes = False   # no graphs captured by dmtp: warm up with a short batch
-    use_graphs = False
-    compiled = False
-    compile_s = 0.0
-    runner = _Runner()
+    """A method decoded inside vLLM (dmtp.engines.base.Decoder)."""
+    fixed_shapes = False          # no graphs captured by dmtp: warm up with a short batch
+    predicts_confidence = False   # vLLM verifies whole blocks
 
     def __init__(self, name: str, target_path: str, eos_ids: Sequence[int], drafter_dir: str | None = None,
                  engine_args: dict | None = None, dtype: str = "float32", num_candidates: int = 0):
@@ -93,6 +86,10 @@ class VLLMDecoder:
                             [committed_accepted(len(t), r) for t, r in zip(tokens, raw)], raw,
                             [len(p) for p in prompts], wall, max(ttft, default=0.0), ttft, {},
                             sum(len(r) for r in raw), 1, sampling, {"engine": "vllm"})
+
+    def info(self) -> dict:
+        """vLLM runs its own model runner and attention backend; dmtp captures and compiles nothing."""
+        return {"runner": "vllm", "attention": "vllm", "cuda_graphs": False, "compiled": False, "compile_s": 0.0}
 
     def close(self) -> None:
         if self.llm is not None:

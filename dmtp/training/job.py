@@ -19,6 +19,7 @@ from dmtp.configs import instantiate
 from dmtp.models.drafter import ARCHITECTURES, DFLASH_ARCH, load_drafter
 from dmtp.models.drafter_factory import mask_token_id_of
 from dmtp.models.drafter_fit import require_target_fit
+from dmtp.models.model_card import set_card_section
 from dmtp.models.mtp_loading import MTPLoadError, load_native_mtp
 from dmtp.models.target import load_tokenizer
 from dmtp.training.guards import FiniteGuard
@@ -195,5 +196,6 @@ def train(cfg: DictConfig, callbacks=(), overrides: list[str] | None = None) -> 
             table = walk_table(record)
             if table is not None:
                 print(table)
+                set_card_section(drafter_dir, "walk", "Final validation walk (exact greedy acceptance)", table)
             print(f"[dmtp] decode with it: python -m dmtp.infer drafter={drafter_dir}")
     return summary

@@ -35,11 +35,12 @@ import torch
 from safetensors import safe_open
 
 from dmtp.atomic_io import remove_stale_temporaries, save_safetensors, write_json
+from dmtp.engines.catalogue import engine_named, engine_names
 from dmtp.paths import dmtp_home
 
-REGEN_METHODS = ("ar", "mtp415")
+REGEN_METHODS = engine_named("dmtp").regen_methods   # what dmtp's own loop writes with: ar, mtp415
 SHARD_FORMAT = 2   # 2: shards carry their checksum (older caches, which do not, are never reused)
-REGEN_ENGINES = ("dmtp", "vllm")   # dmtp's own loop | vLLM's offline batch API (dmtp.serving.regen_vllm)
+REGEN_ENGINES = engine_names(regenerates=True)   # the engines with a writer (dmtp.engines.catalogue)
 
 
 @dataclass(frozen=True)
@@ -60,10 +61,10 @@ class RegenSettings:
     engine_args: dict = field(default_factory=dict)   # vLLM's own engine options, passed through
 
     def __post_init__(self):
-        if self.engine not in REGEN_ENGINES:
-            raise ValueError(f"regeneration engine must be one of {', '.join(REGEN_ENGINES)}, got {self.engine!r}")
-        if self.engine == "vllm" and self.method != "ar":
-            raise ValueError(f"regeneration through vLLM decodes with the target alone (method ar), got {self.method!r}")
+        engine = engine_named(self.engine, "regeneration engine", regenerates=True)
+        if self.method in REGEN_METHODS and self.method not in engine.regen_methods:
+            raise ValueError(f"regeneration through {engine.title} decodes with method "
+                             f"{' or '.join(engine.regen_methods)}, got {self.method!r}")
         if self.new_tokens < 1:
             raise ValueError(f"regeneration needs new_tokens >= 1, got {self.new_tokens}")
         if self.temperature < 0:
@@ -177,17 +178,9 @@ def _cache_lock(out_dir: Path):
 
 
 def make_writer(target, settings: RegenSettings, eos_ids: Sequence[int], mtp=None):
-    """The decoder that writes the responses (a `SpecDecoder` with the settings' method, or vLLM's
-    offline engine on the target's checkpoint for engine `vllm`)."""
-    if settings.engine == "vllm":
-        from dmtp.serving.regen_vllm import VLLMWriter
-
-        return VLLMWriter(str(target.path), eos_ids, settings.engine_args, dtype=str(target.dtype).split(".")[-1])
-    from dmtp.decode.loop import SpecDecoder, build_proposer
-
-    proposer = build_proposer(settings.method, target, mtp=mtp)
-    return SpecDecoder(target, proposer, eos_token_id=list(eos_ids), time_stages=False,
-                       cuda_graphs=target.device.type == "cuda")
+    """The writer of the settings' engine (dmtp.engines.catalogue): dmtp's loop with the settings' method,
+    vLLM's offline engine on the target's checkpoint, ..."""
+    return engine_named(settings.engine).writer(target, settings.method, eos_ids, mtp, settings.engine_args)
 
 
 def regenerate(target, prompts: Sequence[Sequence[int]], settings: RegenSettings, *, eos_token_id=None, mtp=None,
@@ -247,8 +240,8 @@ def _fill(out_dir: Path, target, prompts, settings: RegenSettings, eos_ids, mtp,
         if written:
             bar.set_postfix(tok_s=f"{written / (time.perf_counter() - started):.0f}")
     bar.close()
-    if hasattr(writer, "close"):   # an engine with processes of its own (vLLM): stop them now
-        writer.close()
+    if hasattr(writer, "close"):   # an engine with processes of its own (vLLM): stop them now (a wrapping
+        writer.close()             # writer, e.g. a test's, may have nothing to close)
     return outputs
 
 

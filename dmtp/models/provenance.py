@@ -1,0 +1,67 @@
+"""Which target an exported drafter belongs to, recorded so that it can be checked later.
+
+A drafter is trained against one target's hidden states and (for DMTP) its native MTP; decoded against
+another checkpoint of the same shapes it runs, silently worse. config.json's "dmtp" section therefore
+records the target as given (a local path or a hub id), the sha256 of its config.json and of the files
+holding its MTP tensors (what `sha256sum` prints, so a user can check them by hand), and decoding compares
+the target's config hash with the recorded one (`target_mismatch`).
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+CHUNK = 1 << 20
+
+
+def file_sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(CHUNK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def config_sha256(target: str | Path) -> str | None:
+    """The sha256 of a local target's config.json (None for a hub id or a directory without one)."""
+    config = Path(str(target)).expanduser() / "config.json"
+    return file_sha256(config) if config.is_file() else None
+
+
+def mtp_file_hashes(target: str | Path) -> dict[str, str] | None:
+    """{file name: sha256} of the files holding a local target's MTP tensors (one for the embedded targets'
+    mtp.safetensors; a release may spread its MTP over its last shards); None when it has no MTP or is not a
+    local checkpoint."""
+    from dmtp.models.mtp_loading import MTPLoadError, _checkpoint_mtp
+
+    root = Path(str(target)).expanduser()
+    try:
+        _, _, index, layout, names = _checkpoint_mtp(root)
+    except (FileNotFoundError, MTPLoadError, ValueError, OSError):
+        return None
+    if layout == "none":
+        return None
+    files = sorted({Path(index.files[k]) for k in names})
+    return {f.name: file_sha256(f) for f in files}
+
+
+def target_provenance(target: str | Path) -> dict:
+    """config.json "dmtp" fields naming the target and fingerprinting it (hashes null where not local)."""
+    return {"target": str(target), "target_config_sha256": config_sha256(target),
+            "target_mtp_sha256": mtp_file_hashes(target)}
+
+
+def target_mismatch(recorded: dict, target: str | Path | None, what: str = "this drafter") -> str | None:
+    """One warning line when `target`'s config.json differs from the one the drafter recorded (`recorded`:
+    config.json's "dmtp" section); None when they agree or either hash is unknown (a hub id, an old export)."""
+    if target is None:
+        return None
+    expected, actual = recorded.get("target_config_sha256"), config_sha256(target)
+    if not expected or not actual or expected == actual:
+        return None
+    return (f"[dmtp] warning: {what} was trained for {recorded.get('target')} (config.json sha256 "
+            f"{expected[:12]}), but decodes against {target} (config.json sha256 {actual[:12]}): its acceptance "
+            "may be lower; tokens stay the target's")
+
+
+__all__ = ["config_sha256", "file_sha256", "mtp_file_hashes", "target_mismatch", "target_provenance"]
