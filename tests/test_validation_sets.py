@@ -30,10 +30,10 @@ def test_prompt_file_rows_are_the_targets_own_continuations_cached(prompt_file, 
     rows = data.val_rows["prompts"]
     assert len(rows) == len(TEXTS)
     for row, text in zip(rows, TEXTS):
-        prompt = tokenizer(text)["input_ids"][-data.val_prompt_len:]
+        prompt = tokenizer(text)["input_ids"][-data.val.prompt_len:]
         n = row["prompt_len"]
         assert row["input_ids"][:n] == prompt                                  # the prompt as the target reads it
-        assert len(row["input_ids"]) == data.val_prompt_len + data.val_new_tokens   # one length for the batch
+        assert len(row["input_ids"]) == data.val.prompt_len + data.val.new_tokens   # one length for the batch
         assert sum(row["loss_mask"]) == row["length"] - n > 0                  # the continuation is supervised
         assert row["domain"] == "prompts"
     # A second data module reads the continuations back from the cache: nothing is decoded again.

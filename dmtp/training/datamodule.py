@@ -13,14 +13,14 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, Dataset
 
 from dmtp.errors import reason
-from dmtp.data.corpora import DOMAINS, texts
-from dmtp.data.evalsets import EVAL_SETS, build_turn_prompts, load_eval_set
+from dmtp.data.corpora import texts
+from dmtp.data.evalsets import build_turn_prompts, load_eval_set
 from dmtp.data.prompts import held_out_prompts
 from dmtp.data.records import encode_record
+from dmtp.training.data_options import LoaderOptions, RegenOptions, SourceOptions, ValidationOptions, grouped
 from dmtp.training.regenerate import RegenSettings, regenerate
 from dmtp.training.sampler import ResumableLoader, ResumableSampler
 
@@ -109,56 +109,17 @@ def read_records(files: list[str] | None = None, hf_dataset: str | None = None, 
     return records[:limit] if limit else records
 
 
-def validation_sets(val_sets) -> dict[str, str]:
-    """data.val_sets: {eval-set name: path} (dmtp.data.evalsets' names), or nothing."""
-    if val_sets is None:
-        return {}
-    sets = OmegaConf.to_container(val_sets, resolve=True) if OmegaConf.is_config(val_sets) else val_sets
-    if not isinstance(sets, dict) or not all(isinstance(v, str) for v in sets.values()):
-        raise ValueError(f"data.val_sets must map an eval-set name to a file, e.g. "
-                         f"'data.val_sets={{gsm8k: /data/gsm8k/test.jsonl}}'; got {sets!r:.120}")
-    unknown = [name for name in sets if name not in EVAL_SETS]
-    if unknown:
-        raise ValueError(f"data.val_sets: unknown eval set {unknown[0]!r}; choose from {', '.join(EVAL_SETS)}")
-    return {name: str(Path(path).expanduser()) for name, path in sets.items()}
+def data_module(tokenizer, target, seed: int = 0, **options) -> "DraftDataModule":
+    """Hydra's entry point (conf/data): the flat options grouped into their records (dmtp.training.data_options)."""
+    return DraftDataModule(tokenizer, target, **grouped(options), seed=seed)
 
 
 class DraftDataModule(L.LightningDataModule):
-    def __init__(self, tokenizer, target, source: str = "embedded", domains=("code", "math"),
-                 files: list[str] | None = None, hf_dataset: str | None = None, hf_split: str = "train",
-                 hf_config: str | None = None, text_key: str = "text", seq_len: int = 256, batch_size: int = 8,
-                 max_examples: int | None = None, regenerate: bool = False, regen_prompt_len: int = 64,
-                 regen_new_tokens: int = 192, regen_sequences: int = 512, regen_temperature: float = 0.0,
-                 regen_top_k: int = 0, regen_top_p: float = 1.0, regen_batch_size: int = 64, regen_engine: str = "dmtp",
-                 vllm_engine_args=None, val_domains=DOMAINS, val_prompts: int = 8, val_prompt_len: int = 48,
-                 val_new_tokens: int = 72, val_sets=None, num_workers: int = 0, seed: int = 0):
+    def __init__(self, tokenizer, target, source: SourceOptions = SourceOptions(), regen: RegenOptions = RegenOptions(),
+                 val: ValidationOptions = ValidationOptions(), loader: LoaderOptions = LoaderOptions(), seed: int = 0):
         super().__init__()
-        if source not in ("embedded", "files", "hf"):
-            raise ValueError(f"data.source must be embedded, files or hf, got {source!r}")
-        if source == "files" and not files:
-            raise ValueError("data=files needs data.files, a list of local JSONL/JSON/Parquet files "
-                             "(e.g. 'data.files=[/data/train.jsonl]')")
-        if source == "hf" and not hf_dataset:
-            raise ValueError("data=hf needs data.hf_dataset (e.g. data.hf_dataset=mlabonne/open-perfectblend)")
-        unknown = [d for d in list(domains) + list(val_domains) if d not in DOMAINS]
-        if unknown:
-            raise ValueError(f"unknown corpus domain(s) {unknown}; choose from {', '.join(DOMAINS)}")
         self.tokenizer, self.target = tokenizer, target
-        self.source, self.domains = source, list(domains)
-        self.files, self.hf_dataset, self.hf_split, self.hf_config = files, hf_dataset, hf_split, hf_config
-        self.text_key, self.seq_len, self.batch_size = text_key, seq_len, batch_size
-        self.max_examples, self.regenerate = max_examples, regenerate
-        self.regen_prompt_len, self.regen_new_tokens, self.regen_sequences = regen_prompt_len, regen_new_tokens, regen_sequences
-        self.regen_temperature, self.regen_top_k, self.regen_top_p = regen_temperature, regen_top_k, regen_top_p
-        self.regen_batch_size = regen_batch_size
-        # Which engine writes the training responses (dmtp.training.regenerate.REGEN_ENGINES) and vLLM's own options.
-        self.regen_engine = regen_engine
-        self.vllm_engine_args = (OmegaConf.to_container(vllm_engine_args, resolve=True) if OmegaConf.is_config(vllm_engine_args)
-                                 else dict(vllm_engine_args or {}))
-        self.val_domains, self.val_prompts = list(val_domains), val_prompts
-        self.val_sets = validation_sets(val_sets)
-        self.val_prompt_len, self.val_new_tokens = val_prompt_len, val_new_tokens
-        self.num_workers, self.seed = num_workers, seed
+        self.source, self.regen, self.val, self.loader, self.seed = source, regen, val, loader, seed
         self.train_rows: list[dict] | None = None
         self.val_rows: dict[str, list[dict]] = {}   # domain or eval-set name -> held-out rows
 
@@ -168,32 +129,30 @@ class DraftDataModule(L.LightningDataModule):
 
     # -- training rows ----------------------------------------------------------------------------
     def _examples(self) -> list[tuple[list[int], list[int]]]:
-        if self.source == "embedded":
-            docs = [t for d in self.domains for t in texts(d, "train")]
+        if self.source.source == "embedded":
+            docs = [t for d in self.source.domains for t in texts(d, "train")]
             random.Random(self.seed).shuffle(docs)
-            docs = docs[: self.max_examples] if self.max_examples else docs
+            docs = docs[: self.source.max_examples] if self.source.max_examples else docs
             enc = self.tokenizer(docs, add_special_tokens=False)["input_ids"]
             return [(ids, [1] * len(ids)) for ids in enc if ids]
-        records = read_records(self.files if self.source == "files" else None,
-                               self.hf_dataset if self.source == "hf" else None,
-                               self.hf_split, self.hf_config, self.max_examples)
-        return [encode_record(self.tokenizer, r, self.text_key) for r in records]
+        src = self.source
+        records = read_records(list(src.files) if src.source == "files" else None,
+                               src.hf_dataset if src.source == "hf" else None,
+                               src.hf_split, src.hf_config, src.max_examples)
+        return [encode_record(self.tokenizer, r, src.text_key) for r in records]
 
     def _regenerated_rows(self) -> list[dict]:
         """DFlash/SpecForge recipe: the target writes the responses (`dmtp.training.regenerate`, the project's
         own batched decoding, cached and resumable) to prompts taken at paragraph starts spread over the
         training split of each domain; the loss covers the response only. Labels are its own outputs."""
-        p, new = self.regen_prompt_len, self.regen_new_tokens
+        p, new = self.regen.prompt_len, self.regen.new_tokens
         prompts: list[list[int]] = []
-        per_domain = _split_evenly(self.regen_sequences, len(self.domains))
-        for domain, count in zip(self.domains, per_domain):
+        per_domain = _split_evenly(self.regen.sequences, len(self.source.domains))
+        for domain, count in zip(self.source.domains, per_domain):
             prompts.extend(held_out_prompts(self.tokenizer, domain, "train", count, p))
         # No shuffle here: the sampler shuffles rows per seed, and a fixed prompt order lets every seed
         # (and every variant) share one cached regeneration.
-        settings = RegenSettings(new_tokens=new, temperature=self.regen_temperature, top_k=self.regen_top_k,
-                                 top_p=self.regen_top_p, seed=self.seed, batch_size=self.regen_batch_size,
-                                 engine=self.regen_engine, engine_args=self.vllm_engine_args)
-        conts = regenerate(self.target, prompts, settings, eos_token_id=self.eos)
+        conts = regenerate(self.target, prompts, self.regen.settings(self.seed), eos_token_id=self.eos)
         rows = []
         for prompt, cont in zip(prompts, conts):
             ids = prompt + cont + [self.eos] * (new - len(cont))
@@ -206,9 +165,9 @@ class DraftDataModule(L.LightningDataModule):
         """Held-out rows of `domain`: its prompts (the embedded corpus's, or a prompt file's, each cut to its
         last `val_prompt_len` tokens) and the target's greedy continuation, regenerated once and cached
         (dmtp.training.regenerate). Rows share one length: a shorter prompt leaves EOS padding at the end."""
-        p, new = self.val_prompt_len, self.val_new_tokens
+        p, new = self.val.prompt_len, self.val.new_tokens
         if prompts is None:
-            prompts = held_out_prompts(self.tokenizer, domain, "validation", self.val_prompts, p)
+            prompts = held_out_prompts(self.tokenizer, domain, "validation", self.val.prompts, p)
         conts = regenerate(self.target, prompts, RegenSettings(new_tokens=new), eos_token_id=self.eos, progress=False)
         rows = []
         for prompt, cont in zip(prompts, conts):
@@ -222,8 +181,8 @@ class DraftDataModule(L.LightningDataModule):
         """The first `val_prompts` prompts of an eval-set file (dmtp.data.evalsets: gsm8k, humaneval, math500,
         alpaca, mtbench's first turn, or plain `prompts`), as the target reads them, cut to their last
         `val_prompt_len` tokens."""
-        requests = load_eval_set(name, path, limit=self.val_prompts)
-        prompts = [build_turn_prompts(self.tokenizer, r, [], use_raw_prompt=True)[-self.val_prompt_len:]
+        requests = load_eval_set(name, path, limit=self.val.prompts)
+        prompts = [build_turn_prompts(self.tokenizer, r, [], use_raw_prompt=True)[-self.val.prompt_len:]
                    for r in requests]
         empty = next((r.source for r, ids in zip(requests, prompts) if not ids), None)
         if empty is not None:
@@ -232,15 +191,16 @@ class DraftDataModule(L.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_rows is None:
-            examples = [] if self.regenerate else self._examples()
-            self.train_rows = self._regenerated_rows() if self.regenerate else pack(examples, self.seq_len, self.eos)
+            examples = [] if self.regen.enabled else self._examples()
+            self.train_rows = (self._regenerated_rows() if self.regen.enabled
+                               else pack(examples, self.loader.seq_len, self.eos))
             if not self.train_rows:
-                raise ValueError(f"no training rows: the {self.source} data gave no sequence of {self.seq_len} tokens "
+                raise ValueError(f"no training rows: the {self.source.source} data gave no sequence of {self.loader.seq_len} tokens "
                                  "with a supervised token")
         if not self.val_rows:
-            rows = {d: self._val_rows(d) for d in self.val_domains}
+            rows = {d: self._val_rows(d) for d in self.val.domains}
             rows.update({name: self._val_rows(name, self._file_prompts(name, path))
-                         for name, path in self.val_sets.items()})
+                         for name, path in self.val.sets.items()})
             self.val_rows = {d: r for d, r in rows.items() if r}
 
     def train_dataloader(self):
@@ -248,9 +208,9 @@ class DraftDataModule(L.LightningDataModule):
         trainer = self.trainer
         sampler = ResumableSampler(Rows(self.train_rows), seed=self.seed, num_replicas=trainer.world_size if trainer else 1,
                                    rank=trainer.global_rank if trainer else 0)
-        return ResumableLoader(Rows(self.train_rows, with_index=True), sampler=sampler, batch_size=self.batch_size,
-                               drop_last=len(self.train_rows) >= self.batch_size, collate_fn=_collate,
-                               num_workers=self.num_workers)
+        return ResumableLoader(Rows(self.train_rows, with_index=True), sampler=sampler, batch_size=self.loader.batch_size,
+                               drop_last=len(self.train_rows) >= self.loader.batch_size, collate_fn=_collate,
+                               num_workers=self.loader.num_workers)
 
     def val_dataloader(self):
         return [DataLoader(Rows(rows), batch_size=len(rows), collate_fn=_collate) for rows in self.val_rows.values()]

@@ -1,0 +1,147 @@
+"""The data module's options as typed records, one per concern (the `RegenSettings` pattern): where the training text
+comes from (`SourceOptions`), whether and how the target rewrites it (`RegenOptions`), the validation walk's
+held-out rows (`ValidationOptions`) and the loader (`LoaderOptions`).
+
+conf/data/*.yaml keeps its flat keys (`data.regen_new_tokens=...`, `data.val_prompts=...`, what users and sweeps
+type); `FLAT_KEYS` is the one table from a flat key to its record and field, read by `data_module`, the Hydra
+entry point, which checks each record and builds the `DraftDataModule` from them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from dmtp.data.corpora import DOMAINS
+from dmtp.data.evalsets import EVAL_SETS
+from dmtp.training.regenerate import RegenSettings
+
+SOURCES = ("embedded", "files", "hf")
+
+
+def _plain(value):
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+def _known_domains(domains, what: str) -> list[str]:
+    unknown = [d for d in domains if d not in DOMAINS]
+    if unknown:
+        raise ValueError(f"unknown corpus domain(s) {unknown} in {what}; choose from {', '.join(DOMAINS)}")
+    return list(domains)
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """The training text: the embedded corpora's `domains`, local `files` (JSONL / JSON / Parquet: "text" or
+    conversations) or a Hugging Face dataset; at most `max_examples` documents or records."""
+    source: str = "embedded"
+    domains: tuple[str, ...] = ("code", "math")
+    files: tuple[str, ...] = ()
+    hf_dataset: str | None = None
+    hf_split: str = "train"
+    hf_config: str | None = None
+    text_key: str = "text"
+    max_examples: int | None = None
+
+    def __post_init__(self):
+        if self.source not in SOURCES:
+            raise ValueError(f"data.source must be embedded, files or hf, got {self.source!r}")
+        if self.source == "files" and not self.files:
+            raise ValueError("data=files needs data.files, a list of local JSONL/JSON/Parquet files "
+                             "(e.g. 'data.files=[/data/train.jsonl]')")
+        if self.source == "hf" and not self.hf_dataset:
+            raise ValueError("data=hf needs data.hf_dataset (e.g. data.hf_dataset=mlabonne/open-perfectblend)")
+        object.__setattr__(self, "domains", tuple(_known_domains(self.domains, "data.domains")))
+        object.__setattr__(self, "files", tuple(self.files or ()))
+
+
+@dataclass(frozen=True)
+class RegenOptions:
+    """`enabled`: the target writes the responses (DFlash/SpecForge recipe): `sequences` prompts of `prompt_len`
+    tokens, `new_tokens` each, greedy at temperature 0 else sampled; written `batch_size` at a time by `engine`
+    (dmtp's loop or vLLM, with vLLM's own `engine_args`)."""
+    enabled: bool = False
+    prompt_len: int = 64
+    new_tokens: int = 192
+    sequences: int = 512
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    batch_size: int = 64
+    engine: str = "dmtp"
+    engine_args: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        object.__setattr__(self, "engine_args", dict(_plain(self.engine_args) or {}))
+
+    def settings(self, seed: int) -> RegenSettings:
+        """How the target writes (dmtp.training.regenerate), checked there."""
+        return RegenSettings(new_tokens=self.new_tokens, temperature=self.temperature, top_k=self.top_k,
+                             top_p=self.top_p, seed=seed, batch_size=self.batch_size, engine=self.engine,
+                             engine_args=self.engine_args)
+
+
+@dataclass(frozen=True)
+class ValidationOptions:
+    """The validation walk's held-out rows: `prompts` prompts of `prompt_len` tokens from each embedded domain of
+    `domains` and from each eval-set file of `sets` ({eval-set name: path}), each with `new_tokens` of the target's
+    greedy continuation."""
+    domains: tuple[str, ...] = DOMAINS
+    prompts: int = 8
+    prompt_len: int = 48
+    new_tokens: int = 72
+    sets: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        object.__setattr__(self, "domains", tuple(_known_domains(self.domains, "data.val_domains")))
+        object.__setattr__(self, "sets", validation_sets(self.sets))
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """Training rows of `seq_len` tokens, `batch_size` per device, `num_workers` loader processes."""
+    seq_len: int = 256
+    batch_size: int = 8
+    num_workers: int = 0
+
+
+def validation_sets(val_sets) -> dict[str, str]:
+    """data.val_sets: {eval-set name: path} (dmtp.data.evalsets' names), or nothing."""
+    sets = _plain(val_sets)
+    if not sets:
+        return {}
+    if not isinstance(sets, dict) or not all(isinstance(v, str) for v in sets.values()):
+        raise ValueError(f"data.val_sets must map an eval-set name to a file, e.g. "
+                         f"'data.val_sets={{gsm8k: /data/gsm8k/test.jsonl}}'; got {sets!r:.120}")
+    unknown = [name for name in sets if name not in EVAL_SETS]
+    if unknown:
+        raise ValueError(f"data.val_sets: unknown eval set {unknown[0]!r}; choose from {', '.join(EVAL_SETS)}")
+    return {name: str(Path(path).expanduser()) for name, path in sets.items()}
+
+
+# conf/data's flat key -> (record, field). The one place that says which option belongs where.
+FLAT_KEYS: dict[str, tuple[str, str]] = {
+    **{k: ("source", k) for k in ("source", "domains", "files", "hf_dataset", "hf_split", "hf_config", "text_key",
+                                  "max_examples")},
+    "regenerate": ("regen", "enabled"), "vllm_engine_args": ("regen", "engine_args"),
+    **{f"regen_{k}": ("regen", k) for k in ("prompt_len", "new_tokens", "sequences", "temperature", "top_k",
+                                            "top_p", "batch_size", "engine")},
+    **{f"val_{k}": ("val", k) for k in ("domains", "prompts", "prompt_len", "new_tokens", "sets")},
+    **{k: ("loader", k) for k in ("seq_len", "batch_size", "num_workers")},
+}
+RECORDS = {"source": SourceOptions, "regen": RegenOptions, "val": ValidationOptions, "loader": LoaderOptions}
+
+
+def grouped(flat: dict) -> dict[str, object]:
+    """conf/data's flat options -> one record per concern (unknown keys: one line naming them)."""
+    unknown = sorted(set(flat) - set(FLAT_KEYS))
+    if unknown:
+        raise ValueError(f"unknown data option(s) {', '.join('data.' + k for k in unknown)}; "
+                         f"known: {', '.join(sorted(FLAT_KEYS))}")
+    fields: dict[str, dict] = {name: {} for name in RECORDS}
+    for key, value in flat.items():
+        record, name = FLAT_KEYS[key]
+        value = _plain(value)
+        fields[record][name] = tuple(value) if isinstance(value, list) else value
+    return {name: cls(**fields[name]) for name, cls in RECORDS.items()}
