@@ -96,6 +96,12 @@ class DrafterFSDPStrategy(ModelParallelStrategy):
         self._tensor_parallel_size = 1
         super().setup_environment()
 
+    def teardown(self) -> None:
+        super().teardown()
+        # ModelParallelStrategy's teardown skips the CheckpointIO's: a checkpoint still being written in the
+        # background (dmtp.training.checkpoint_io) is waited for, and its failure raised, here.
+        self.checkpoint_io.teardown()
+
     @property
     def data_parallel_mesh(self):
         return self.device_mesh["data_parallel"]

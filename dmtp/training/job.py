@@ -24,7 +24,7 @@ from dmtp.models.mtp_loading import MTPLoadError, load_native_mtp
 from dmtp.models.target import load_tokenizer
 from dmtp.training.guards import FiniteGuard
 from dmtp.training.progress import ProgressLines, step_progress_bar, stdout_is_terminal
-from dmtp.training.checkpoint_io import AtomicCheckpointIO
+from dmtp.training.checkpoint_io import checkpoint_io_for
 from dmtp.training.fsdp import full_state, gathered
 from dmtp.training.resume import check_checkpoint_fits, checkpoint_shapes, claim_run_dir, read_checkpoint, resume_plan
 from dmtp.training.run_config import RecordRunConfig, recorded_config, resumed_config
@@ -163,7 +163,8 @@ def train(cfg: DictConfig, callbacks=(), overrides: list[str] | None = None) -> 
                                             table=lambda tr: _walk_table_now(cfg, module, tr)))
             bar = {"enable_progress_bar": False}
     trainer = instantiate(cfg.trainer, callbacks=configured, logger=_instantiate_dict(cfg.get("logger")) or False,
-                          plugins=[AtomicCheckpointIO()], **bar)
+                          plugins=[checkpoint_io_for(cfg.get("checkpoint_writes") or "auto", trainer_uses_cuda(cfg.trainer))],
+                          **bar)
     trainer.fit(module, datamodule=data, ckpt_path=ckpt_path, weights_only=True)
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}

@@ -28,6 +28,7 @@ RESUME_MAY_CHANGE = (
     "trainer.enable_progress_bar", "trainer.log_every_n_steps",
     "trainer.accelerator", "trainer.devices", "trainer.num_nodes",   # where it runs
     "threads",                      # CPU threads of this process (dmtp.threads)
+    "checkpoint_writes",            # checkpoint files written in the background or inline (same contents)
     "logger", "callbacks",          # what it reports and how often it checkpoints (the safety callbacks stay on)
     "decode_eval",                  # the decoding measured after training
     "paths", "hydra",               # where its files go (a resumed run stays in its own directory)
