@@ -30,7 +30,7 @@ from dmtp.models.drafter import (DFlashConfig, DFlashDrafter, load_drafter, read
 from dmtp.models.drafter_factory import build_drafter, target_layer_ids_for
 from dmtp.models.drafter_fit import require_block_fit, require_context_width
 from dmtp.models.model_card import write_card
-from dmtp.models.mtp_loading import TUNED_MTP_NAME, save_tuned_mtp
+from dmtp.models.mtp_checkpoint import TUNED_MTP_NAME, save_tuned_mtp
 from dmtp.models.provenance import target_provenance
 
 INJECTION_PREFIX = "dmtp_injection."

@@ -250,7 +250,7 @@ def test_exported_dmtp_dspark_decodes_the_same(micro_target, micro_mtp, tmp_path
 def test_dspark_round_replays_as_cuda_graphs(micro_target_dir, tmp_path):
     """CUDA graphs of the whole round (sequential Markov slots, confidence-scheduled verification) give
     the eager loop's tokens and accepted lengths, greedy and sampled."""
-    from dmtp.models.mtp_loading import load_native_mtp
+    from dmtp.families.mtp_loading import load_native_mtp
     from dmtp.models.target import TargetModel
 
     target = TargetModel.from_pretrained(micro_target_dir).to("cuda")

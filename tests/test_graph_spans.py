@@ -73,7 +73,7 @@ def test_cuda_span_buckets_equal_eager(micro_target_dir, method, dtype):
     same tokens and accepted lengths as eager decoding at the same shapes, in fp32 and in bf16."""
     import torch
 
-    from dmtp.models.mtp_loading import load_native_mtp
+    from dmtp.families.mtp_loading import load_native_mtp
     from dmtp.models.target import TargetModel
     from test_decode_graphs import PROMPTS, _proposer
 

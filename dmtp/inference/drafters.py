@@ -94,7 +94,7 @@ def mtp_for_drafter(target, target_path, drafter_dir, native_mtp):
     """The MTP a drafter decodes with: its own jointly trained one (mtp.safetensors in its directory,
     one line saying so) or the target's native MTP."""
     from dmtp.block_drafter import tuned_mtp_path
-    from dmtp.models.mtp_loading import load_native_mtp
+    from dmtp.families.mtp_loading import load_native_mtp
 
     tuned = tuned_mtp_path(drafter_dir) if drafter_dir is not None else None
     if tuned is None:

@@ -25,7 +25,7 @@ from dmtp.injection.base import Injection
 from dmtp.injection.catalogue import make_injection
 from dmtp.models.drafter import DFlashConfig, read_drafter_config
 from dmtp.models.mtp import NativeMTP
-from dmtp.models.mtp_loading import load_native_mtp
+from dmtp.families.mtp_loading import load_native_mtp
 
 
 def serving_layout_problem(injection: Injection, config: DFlashConfig, num_speculative_tokens: int) -> str | None:

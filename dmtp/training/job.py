@@ -20,7 +20,7 @@ from dmtp.models.drafter import ARCHITECTURES, DFLASH_ARCH, load_drafter
 from dmtp.models.drafter_factory import mask_token_id_of
 from dmtp.models.drafter_fit import require_target_fit
 from dmtp.models.model_card import set_card_section
-from dmtp.models.mtp_loading import MTPLoadError, load_native_mtp
+from dmtp.families.mtp_loading import MTPLoadError, load_native_mtp
 from dmtp.models.target import load_tokenizer
 from dmtp.training.guards import FiniteGuard
 from dmtp.training.progress import ProgressLines, step_progress_bar, stdout_is_terminal
