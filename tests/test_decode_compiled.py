@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from dmtp.block_drafter import fresh_drafter_for
+from dmtp.drafters.block_drafter import fresh_drafter_for
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
 
 

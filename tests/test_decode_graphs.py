@@ -3,7 +3,7 @@ capture protocol itself: warm-up rounds followed by a state restore leave decodi
 import pytest
 import torch
 
-from dmtp.block_drafter import fresh_drafter_for
+from dmtp.drafters.block_drafter import fresh_drafter_for
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
 from dmtp.decode.runners import flash_attn_available
 from dmtp.families.dense import FastTargetRunner

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dmtp.block_drafter import fresh_drafter_for
+from dmtp.drafters.block_drafter import fresh_drafter_for
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
 from scripted_proposer import ScriptedProposer
 from dmtp.decode.runners import RecomputeTargetRunner

@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from dmtp.block_drafter import fresh_drafter_for
+from dmtp.drafters.block_drafter import fresh_drafter_for
 from dmtp.configs import compose_config, compose_train
 from dmtp.inference.drafters import load_drafter_for
 from dmtp.models import model_card

@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 import torch
 
-from dmtp.block_drafter import BlockDrafter, fresh_drafter_for, load_block_drafter
+from dmtp.drafters.block_drafter import BlockDrafter, fresh_drafter_for, load_block_drafter
 from dmtp.configs import compose_train
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
 from dmtp.injection.catalogue import make_injection

@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dmtp.block_drafter import fresh_drafter_for, load_block_drafter
+from dmtp.drafters.block_drafter import fresh_drafter_for, load_block_drafter
 from dmtp.configs import compose_config, compose_train
 from dmtp.decode.loop import SpecDecoder, build_proposer
 from scripted_proposer import ScriptedProposer

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoConfig
 
-from dmtp.models.drafter import DFlashConfig
+from dmtp.drafters.dflash import DFlashConfig
 from dmtp.families.catalogue import mtp_family_of
 from dmtp.models.rope_config import DEFAULT_ROPE_THETA, rope_parameters, rope_theta, rope_type
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from dmtp.block_drafter import fresh_drafter_for
+from dmtp.drafters.block_drafter import fresh_drafter_for
 from dmtp.configs import compose_train
 from dmtp.data.corpora import documents
 from dmtp.decode import SpecDecoder, build_proposer

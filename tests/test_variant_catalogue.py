@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dmtp.block_drafter import fresh_drafter_for, load_block_drafter
+from dmtp.drafters.block_drafter import fresh_drafter_for, load_block_drafter
 from dmtp.configs import CONF_DIR
 from dmtp.injection import CATALOGUE, Injection
 from dmtp.injection.catalogue import register_variant

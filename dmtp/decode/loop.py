@@ -42,7 +42,7 @@ from dmtp.decode.stage import Stage, present, restore, snapshot
 from dmtp.decode.stage_timer import StageTimer
 from dmtp.decode.verify import (accept_block_verification, accept_rejection_sampling, accept_target_only,
                                 probs_from_logits, sample_tokens)
-from dmtp.models.drafter import BLOCK_SIZE_RANGE
+from dmtp.drafters.dflash import BLOCK_SIZE_RANGE
 
 VERIFICATION_MODES = ("target_only", "rejection", "block")
 # The modes that verify drafts sampled from the proposers' q, each with its device-side acceptance rule.

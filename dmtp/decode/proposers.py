@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import torch
 
-from dmtp.block_drafter import BlockDrafter, MTPBlockInputs
+from dmtp.drafters.block_drafter import BlockDrafter, MTPBlockInputs
 from dmtp.decode.stage import Stage, present
 from dmtp.decode.verify import probs_from_logits, sample_from_probs
 from dmtp.models.mtp import NativeMTP

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from dmtp.block_drafter import MTPBlockInputs
+from dmtp.drafters.block_drafter import MTPBlockInputs
 from dmtp.decode.proposers import ARProposer, DrafterProposer, MTPChainProposer, Proposer
 from dmtp.models.mtp_chain import MTPChain, chain_mtp
 

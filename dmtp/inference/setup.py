@@ -87,7 +87,7 @@ def load_mtp(target: LoadedTarget):
 
 @dataclass
 class LoadedDrafter:
-    model: object        # dmtp.block_drafter.BlockDrafter
+    model: object        # dmtp.drafters.block_drafter.BlockDrafter
     label: str           # its variant, with decoding-time options: variant[k=v,...]
     path: str
     mtp: object = None   # the MTP it decodes with (None: it uses none, or none was loaded)
