@@ -3,9 +3,9 @@ capture protocol itself: warm-up rounds followed by a state restore leave decodi
 import pytest
 import torch
 
-from dmtp.drafters.block_drafter import fresh_drafter_for
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
 from dmtp.decode.runners import flash_attn_available
+from dmtp.drafters.block_drafter import fresh_drafter_for
 from dmtp.families.dense import FastTargetRunner
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

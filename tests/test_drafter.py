@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dmtp.drafters.checkpoint import load_drafter, save_drafter
-from dmtp.drafters.dflash import build_target_layer_ids, dflash_attention_mask, DFlashConfig, DFlashDrafter
+from dmtp.drafters.dflash import DFlashConfig, DFlashDrafter, build_target_layer_ids, dflash_attention_mask
 
 H, V, BS, S = 32, 64, 4, 20
 

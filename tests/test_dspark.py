@@ -10,13 +10,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dmtp.drafters.block_drafter import fresh_drafter_for, load_block_drafter
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
 from dmtp.decode.reference import reference_generate, reference_proposal
-from dmtp.injection import VARIANTS
+from dmtp.drafters.block_drafter import fresh_drafter_for, load_block_drafter
 from dmtp.drafters.checkpoint import load_drafter, save_drafter
 from dmtp.drafters.dflash import DFlashConfig, DFlashDrafter
 from dmtp.drafters.dspark import DSparkConfig, DSparkDrafter, MARKOV_VARIANTS
+from dmtp.injection import VARIANTS
 
 V = 50
 

@@ -9,9 +9,9 @@ import time
 import pytest
 
 from cli_runner import infer_cli
-from dmtp.drafters.block_drafter import fresh_drafter_for
 from dmtp.configs import compose_config
 from dmtp.data.evalsets import load_eval_set
+from dmtp.drafters.block_drafter import fresh_drafter_for
 from dmtp.inference.drafters import NO_DRAFTER_MESSAGE, find_latest_drafter, no_drafter_for
 from dmtp.models.target import load_tokenizer
 

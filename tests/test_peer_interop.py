@@ -7,9 +7,9 @@ import torch
 
 ref = pytest.importorskip("dflash.model")
 
-from dmtp.drafters.dflash2 import DFlash2Config  # noqa: E402
 from dmtp.drafters.checkpoint import load_drafter, save_drafter
 from dmtp.drafters.dflash import DFlashConfig
+from dmtp.drafters.dflash2 import DFlash2Config  # noqa: E402
 from dmtp.drafters.registry import build_drafter_from_config  # noqa: E402
 
 H, V, CTX, BLOCK, MASK = 32, 97, 9, 8, 3

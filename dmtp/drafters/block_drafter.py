@@ -23,12 +23,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dmtp.injection import Injection, variant_of
-from dmtp.injection.catalogue import CATALOGUE, make_injection, variant
 from dmtp.drafters.checkpoint import load_drafter, read_drafter_config, save_drafter
 from dmtp.drafters.dflash import DFlashConfig, DFlashDrafter, require_block_size
 from dmtp.drafters.factory import build_drafter, target_layer_ids_for
 from dmtp.drafters.fit import require_block_fit, require_context_width
+from dmtp.injection import Injection, variant_of
+from dmtp.injection.catalogue import CATALOGUE, make_injection, variant
 from dmtp.models.model_card import write_card
 from dmtp.models.mtp_checkpoint import TUNED_MTP_NAME, save_tuned_mtp
 from dmtp.models.provenance import target_provenance

@@ -2,7 +2,7 @@
 (`dmtp.drafters.block_drafter.build_block_drafter` pairs it with its injection; conf/drafter/*.yaml configure both)."""
 from __future__ import annotations
 
-from dmtp.drafters.dflash import build_target_layer_ids, DFlashDrafter
+from dmtp.drafters.dflash import DFlashDrafter, build_target_layer_ids
 from dmtp.drafters.registry import architecture_named, build_drafter_from_config
 from dmtp.models.rope_config import rope_theta
 
