@@ -8,8 +8,8 @@ checkpoint stores them; the router stays fp32 when the block is cast, as transfo
 dense SwiGLU. Rotary cos/sin come from transformers' own rotary embedding of the family (YaRN), built
 from the config; plain x*w norms.
 
-Runner (`DeepseekV3TargetRunner`): the dense runner's forward (`StaticCacheRunner`: embedding, per-layer static caches at per-request
-positions, taps, final norm, head; rollback = not advancing `lengths`), with DeepSeek-V3 layers bound to
+Runner (`DeepseekV3TargetRunner`): the dense runner's forward (`StaticCacheRunner`: embedding, per-layer
+static caches at per-request positions, taps, final norm, head; rollback = not advancing `lengths`), with DeepSeek-V3 layers bound to
 the HF model's own Parameters: `dmtp.models.mla.MLADecoderLayer` (latent cache c_kv [B, Lmax, kv_lora_rank]
 and roped shared key k_pe [B, Lmax, qk_rope_head_dim] per layer; kv_b_proj absorbed into the query and
 output sides, so attention runs in latent space) and a dense SwiGLU (the first `first_k_dense_replace`

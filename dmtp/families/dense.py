@@ -1,9 +1,10 @@
 """The dense family: Qwen3 / Qwen2 / Llama / Mistral targets (the embedded `micro` / `tiny` targets are Qwen3).
 
 MTP: a plain Qwen3 decoder layer (`Qwen3MTPBlock`, Qwen3 only: the other model types have no native MTP
-dmtp builds). Runner (`FastTargetRunner`): our own forward (the blocks of `dmtp.models.qwen3`) over `StaticCacheRunner`'s static caches
-`[B, hkv, Lmax, d]` (or flash-attn's `[B, Lmax, hkv, d]` when `flash_attn` is installed and the dtype
-is fp16/bf16). `bind_decoder_layer` is also the attention binding of the GLM-4-MoE runner.
+dmtp builds). Runner (`FastTargetRunner`): our own forward (the blocks of `dmtp.models.qwen3`) over
+`StaticCacheRunner`'s static caches `[B, hkv, Lmax, d]` (or flash-attn's `[B, Lmax, hkv, d]` when
+`flash_attn` is installed and the dtype is fp16/bf16). `bind_decoder_layer` is also the attention binding
+of the GLM-4-MoE runner.
 """
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ MTP (`Glm4MoeMTPBlock`, stored as `model.layers.{num_hidden_layers}.*`): our own
 partial rotary, optional q/k norms and q/k/v biases: `Qwen3DecoderLayer`), then the sigmoid group-limited
 MoE with shared experts or a dense SwiGLU, as for DeepSeek-V3; transformers' rotary embedding of the family.
 
-Runner (`Glm4MoeTargetRunner`): GLM-4-MoE layers are GQA attention with partial rotary (the first `head_dim * partial_rotary_factor`
-dims, rotate-half), q/k/v biases, optional per-head q/k RMSNorms (`use_qk_norm`), then a dense SwiGLU
+Runner (`Glm4MoeTargetRunner`): GLM-4-MoE layers are GQA attention with partial rotary (the first
+`head_dim * partial_rotary_factor` dims, rotate-half), q/k/v biases, optional per-head q/k RMSNorms (`use_qk_norm`), then a dense SwiGLU
 for the first `first_k_dense_replace` layers and the sigmoid group-limited MoE with shared experts after.
 That attention is exactly `Qwen3DecoderLayer`'s (with Identity q/k norms when absent), so this runner is
 the dense `FastTargetRunner` (static KV caches, per-request lengths, flash-attn on CUDA, graph-safe)
