@@ -43,6 +43,6 @@ def micro_target(micro_target_dir):
 
 @pytest.fixture(scope="session")
 def micro_mtp(micro_target_dir, micro_target):
-    from dmtp.models.mtp_loading import load_native_mtp
+    from dmtp.families.mtp_loading import load_native_mtp
 
     return load_native_mtp(micro_target_dir, micro_target.embed_tokens, micro_target.lm_head)

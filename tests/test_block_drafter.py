@@ -9,21 +9,22 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import dmtp.block_drafter as block_drafter_module
-from dmtp.block_drafter import BlockDrafter, build_block_drafter, fresh_drafter_for, load_block_drafter
 from dmtp.configs import compose_train
 from dmtp.decode import build_proposer
-from dmtp.inference.drafters import load_drafter_for, method_needs_mtp
 from dmtp.decode.proposers import DrafterProposer, DrafterState
 from dmtp.decode.reference import propose_drafter
+from dmtp.drafters.block_drafter import BlockDrafter, build_block_drafter, fresh_drafter_for, load_block_drafter
+from dmtp.drafters.checkpoint import save_drafter
+from dmtp.drafters.dflash import DFlashDrafter
+from dmtp.drafters.dflash2 import DFlash2Drafter
+from dmtp.inference.drafters import load_drafter_for, method_needs_mtp
 from dmtp.injection.catalogue import make_injection
-from dmtp.models.dflash2 import DFlash2Drafter
-from dmtp.models.drafter import DFlashDrafter, save_drafter
 from dmtp.training.blocks import draft_blocks, teacher_features
 from dmtp.training.evaluate import decode_after_training
 from dmtp.training.job import build_components
 from dmtp.training.module import DMTPModule
 from dmtp.training.validation import candidate_matches, exact_acceptance
+import dmtp.drafters.block_drafter as block_drafter_module
 
 
 @pytest.mark.parametrize("api", [build_proposer, DMTPModule.__init__, DrafterProposer.__init__, DrafterState.__init__,

@@ -270,7 +270,7 @@ METHODS = ["mtp415", "raw_dflash", "dual_anchor_zero_init", "dual_anchor_zero_in
 
 
 def _dflash2_drafter(target, name: str):
-    from dmtp.block_drafter import build_block_drafter
+    from dmtp.drafters.block_drafter import build_block_drafter
 
     torch.manual_seed(3)
     drafter = build_block_drafter(target, name, 3, num_layers=1, num_target_features=1, architecture="dflash2",

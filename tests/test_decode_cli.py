@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
-from dmtp.block_drafter import fresh_drafter_for
+from dmtp.drafters.block_drafter import fresh_drafter_for
 from dmtp.inference.compare import compare_methods as run
 from dmtp.inference.drafters import NO_DRAFTER_MESSAGE, find_latest_drafter
 

@@ -10,8 +10,8 @@ import time
 import pytest
 import torch
 
-from dmtp.block_drafter import fresh_drafter_for
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
+from dmtp.drafters.block_drafter import fresh_drafter_for
 
 
 def _prompts():

@@ -3,9 +3,10 @@ capture protocol itself: warm-up rounds followed by a state restore leave decodi
 import pytest
 import torch
 
-from dmtp.block_drafter import fresh_drafter_for
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
-from dmtp.decode.runners import FastTargetRunner, flash_attn_available
+from dmtp.decode.runners import flash_attn_available
+from dmtp.drafters.block_drafter import fresh_drafter_for
+from dmtp.families.dense import FastTargetRunner
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -76,7 +77,7 @@ def test_warmup_restore_leaves_decoding_unchanged(micro_target, micro_mtp, metho
 
 @pytest.fixture(scope="module")
 def cuda_models(micro_target_dir):
-    from dmtp.models.mtp_loading import load_native_mtp
+    from dmtp.families.mtp_loading import load_native_mtp
     from dmtp.models.target import TargetModel
 
     out = {}

@@ -3,9 +3,9 @@ acceptance, KV rollback, and the loop's drafter/MTP state against a teacher-forc
 import pytest
 import torch
 
-from dmtp.block_drafter import fresh_drafter_for
 from dmtp.data.corpora import documents
 from dmtp.decode import DrafterProposer, SpecDecoder, build_proposer
+from dmtp.drafters.block_drafter import fresh_drafter_for
 from scripted_proposer import ScriptedProposer
 from dmtp.injection import VARIANTS
 from dmtp.models.target import load_tokenizer

@@ -4,9 +4,9 @@ the same tokens and the same accepted length in every round, for every method, a
 16 slots (the drafter's block_size), and for a block-16 drafter verified with a shorter block."""
 import pytest
 
-from dmtp.block_drafter import fresh_drafter_for, load_block_drafter
 from dmtp.decode import SpecDecoder, build_proposer
 from dmtp.decode.reference import reference_generate, reference_proposal
+from dmtp.drafters.block_drafter import fresh_drafter_for, load_block_drafter
 from dmtp.injection import VARIANTS
 
 MAX_NEW = 24

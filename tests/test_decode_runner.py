@@ -3,8 +3,9 @@ different lengths, verify blocks, rollback (not advancing) and the generic recom
 import pytest
 import torch
 
-from dmtp.decode.runners import FastTargetRunner, RecomputeTargetRunner, make_target_runner
-from dmtp.decode.runners.dense import fast_runner_unsupported
+from dmtp.decode.runners import RecomputeTargetRunner
+from dmtp.families.catalogue import make_target_runner
+from dmtp.families.dense import FastTargetRunner, fast_runner_unsupported
 from dmtp.models.target import TargetModel
 
 LAYERS = [1, 3]  # 3 is the last layer: its tap is post-norm, as transformers' hidden_states[-1]

@@ -8,10 +8,10 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from dmtp.block_drafter import fresh_drafter_for
 from dmtp.data.corpora import documents
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
 from dmtp.decode.verify import probs_from_logits
+from dmtp.drafters.block_drafter import fresh_drafter_for
 from dmtp.models.target import load_tokenizer
 
 N_SAMPLES = 1000

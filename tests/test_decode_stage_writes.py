@@ -4,8 +4,8 @@ snapshot copies what the stages declare, so an undeclared write would survive a 
 import pytest
 import torch
 
-from dmtp.block_drafter import fresh_drafter_for
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
+from dmtp.drafters.block_drafter import fresh_drafter_for
 from scripted_proposer import ScriptedProposer
 from dmtp.decode.stage import Stage, snapshot
 from stage_check import undeclared_writes

@@ -15,14 +15,15 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dmtp.block_drafter import fresh_drafter_for
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
+from dmtp.drafters.block_drafter import fresh_drafter_for
 from scripted_proposer import ScriptedProposer
-from dmtp.decode.runners import RecomputeTargetRunner, make_target_runner
-from dmtp.decode.runners.deepseek import DeepseekV3TargetRunner, deepseek_runner_unsupported
-from dmtp.decode.runners.glm import Glm4MoeTargetRunner, glm_runner_unsupported
+from dmtp.decode.runners import RecomputeTargetRunner
+from dmtp.families.catalogue import make_target_runner
+from dmtp.families.deepseek_v3 import DeepseekV3TargetRunner, deepseek_runner_unsupported
+from dmtp.families.glm4_moe import Glm4MoeTargetRunner, glm_runner_unsupported
+from dmtp.families.mtp_loading import load_native_mtp
 from dmtp.models.moe import PerExpertSwiGLU
-from dmtp.models.mtp_loading import load_native_mtp
 from dmtp.models.target import TargetModel
 from test_decode_sampling import _chi2_pvalue, _exact_probs
 from test_real_targets import DS_COMMON, _hf_greedy, _sharpen_, write_deepseek_family

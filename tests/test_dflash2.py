@@ -3,13 +3,16 @@ convolutions, the selector's greedy recursion and sampling, the selector loss an
 training every injection variant with `drafter=dflash2` on the micro target."""
 import itertools
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dmtp.models.dflash2 import DFlash2Config, DFlash2Drafter, GroupedDynamicCausalConv, causal_conv_taps
-from dmtp.models.drafter import DFlashConfig, DFlashDrafter, load_drafter, save_drafter
+from dmtp.drafters.dflash2 import (SHAPE_KEYS, TRAINING_KEYS, DFlash2Config, DFlash2Drafter, GroupedDynamicCausalConv,
+                                   causal_conv_taps)
+from dmtp.drafters.checkpoint import load_drafter, save_drafter
+from dmtp.drafters.dflash import DFlashConfig, DFlashDrafter
 from tests.test_drafter import blocks, run  # the same flattened multi-block inputs as the v1 tests
 
 H, V, BS, S, K = 32, 40, 4, 20, 4
@@ -108,7 +111,9 @@ def test_round_trip_keeps_names_config_and_outputs(tmp_path):
     assert (dc["conv_kernel_size"], dc["conv_group_size"], dc["selector_rank"], dc["selector_top_k"]) == (2, 8, 6, K)
     assert (dc["output_multiplier"], dc["final_logit_softcapping"]) == (0.5, 3.0)
     d2, extras, meta = load_drafter(tmp_path)
-    assert type(d2) is DFlash2Drafter and d2.config == d.config
+    # The selector's training schedule is not part of the export: it loads as the defaults.
+    assert type(d2) is DFlash2Drafter and d2.config == replace(d.config, selector_gold_outside_topk="replace",
+                                                               selector_warmup_steps=0)
     assert meta == {"x": 1} and set(extras) == {"dmtp_injection.w"}
     feats, ctx_pos, noise = inputs(d)
     pos, bid, lim = blocks(ANCHORS)
@@ -144,6 +149,22 @@ def test_published_dflash2_checkpoint_loads(tmp_path):
     # Re-saving keeps the published names (and adds only dmtp's own dflash_config keys).
     save_drafter(tmp_path / "again", d)
     assert set(load_file(str(tmp_path / "again" / "model.safetensors"))) == DFLASH2_KEYS
+
+
+def test_training_schedule_is_not_exported_but_old_exports_still_load(tmp_path):
+    """The selector's training schedule configures training only: config.json never carries it. An older
+    dmtp export that wrote it under dflash_config still loads, with its values."""
+    d = make_drafter(selector_alpha=0.5, selector_warmup_steps=3, selector_ramp_steps=4,
+                     selector_gold_outside_topk="skip")
+    save_drafter(tmp_path / "new", d)
+    cfg = json.loads((tmp_path / "new" / "config.json").read_text())
+    assert not set(TRAINING_KEYS) & (set(cfg) | set(cfg["dflash_config"]))
+    assert set(SHAPE_KEYS) <= set(cfg["dflash_config"])
+    cfg["dflash_config"].update(selector_alpha=0.5, selector_warmup_steps=3, selector_ramp_steps=4,
+                                selector_gold_outside_topk="skip")
+    (tmp_path / "new" / "config.json").write_text(json.dumps(cfg))
+    old, _, _ = load_drafter(tmp_path / "new")
+    assert old.config == d.config
 
 
 def test_architecture_mismatches_fail_clearly(tmp_path):
@@ -435,11 +456,11 @@ def sample_anchors_for(module, ids, mask, step):
 @pytest.mark.parametrize("name", ["raw_dflash", "dual_anchor_zero_init"])
 def test_dflash2_decoding_is_lossless_and_uses_the_selector(micro_target, micro_mtp, name):
     """DFlash2 inside the one loop: exact greedy output at batch 1, 3 and 8, selector path included."""
-    from dmtp.block_drafter import BlockDrafter
+    from dmtp.drafters.block_drafter import BlockDrafter
     from dmtp.decode import SpecDecoder, build_proposer
     from dmtp.injection.catalogue import make_injection
-    from dmtp.models.dflash2 import DFlash2Config, DFlash2Drafter
-    from dmtp.models.drafter import build_target_layer_ids
+    from dmtp.drafters.dflash2 import DFlash2Config, DFlash2Drafter
+    from dmtp.drafters.dflash import build_target_layer_ids
 
     cfg = micro_target.config
     ids = build_target_layer_ids(cfg.num_hidden_layers, 1)

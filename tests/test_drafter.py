@@ -6,8 +6,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dmtp.models.drafter import (DFlashConfig, DFlashDrafter, build_target_layer_ids, dflash_attention_mask,
-                                 load_drafter, save_drafter)
+from dmtp.drafters.checkpoint import load_drafter, save_drafter
+from dmtp.drafters.dflash import DFlashConfig, DFlashDrafter, build_target_layer_ids, dflash_attention_mask
 
 H, V, BS, S = 32, 64, 4, 20
 

@@ -1,4 +1,4 @@
-"""DSpark (dmtp/models/dspark.py): a fresh drafter is DFlash; the Markov head's sequential proposal equals its
+"""DSpark (dmtp/drafters/dspark.py): a fresh drafter is DFlash; the Markov head's sequential proposal equals its
 teacher-forced logits on the same path (training and decoding agree) for every head variant; q is the
 distribution each candidate was drawn from; the confidence head's BCE; the published vLLM layout round-trips;
 every injection variant trains with it; decoding is lossless and equals the reference round."""
@@ -10,12 +10,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dmtp.block_drafter import fresh_drafter_for, load_block_drafter
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
 from dmtp.decode.reference import reference_generate, reference_proposal
+from dmtp.drafters.block_drafter import fresh_drafter_for, load_block_drafter
+from dmtp.drafters.checkpoint import load_drafter, save_drafter
+from dmtp.drafters.dflash import DFlashConfig, DFlashDrafter
+from dmtp.drafters.dspark import DSparkConfig, DSparkDrafter, MARKOV_VARIANTS
 from dmtp.injection import VARIANTS
-from dmtp.models.drafter import DFlashConfig, DFlashDrafter, load_drafter, save_drafter
-from dmtp.models.dspark import DSparkConfig, DSparkDrafter, MARKOV_VARIANTS
 
 V = 50
 
@@ -250,7 +251,7 @@ def test_exported_dmtp_dspark_decodes_the_same(micro_target, micro_mtp, tmp_path
 def test_dspark_round_replays_as_cuda_graphs(micro_target_dir, tmp_path):
     """CUDA graphs of the whole round (sequential Markov slots, confidence-scheduled verification) give
     the eager loop's tokens and accepted lengths, greedy and sampled."""
-    from dmtp.models.mtp_loading import load_native_mtp
+    from dmtp.families.mtp_loading import load_native_mtp
     from dmtp.models.target import TargetModel
 
     target = TargetModel.from_pretrained(micro_target_dir).to("cuda")
@@ -392,7 +393,7 @@ def test_dspark_warmup_restore_leaves_decoding_unchanged(micro_target, micro_mtp
 def test_the_markov_chain_starts_at_t1_for_dmtp_and_at_a_for_raw_dflash(micro_target, name, first):
     """The first drafted slot's Markov predecessor: the MTP's T1 (DMTP + DSpark heads), A for raw DSpark;
     each later slot's: the candidate the drafter proposed just before it."""
-    from dmtp.block_drafter import MTPBlockInputs
+    from dmtp.drafters.block_drafter import MTPBlockInputs
 
     drafter = dspark_drafter(micro_target, name)
     head = drafter.backbone.markov_head

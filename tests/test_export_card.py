@@ -10,8 +10,8 @@ import os
 
 import torch
 
-from dmtp.block_drafter import fresh_drafter_for
 from dmtp.configs import compose_config, compose_train
+from dmtp.drafters.block_drafter import fresh_drafter_for
 from dmtp.inference.drafters import load_drafter_for
 from dmtp.models import model_card
 from dmtp.models.model_card import set_card_section

@@ -5,8 +5,8 @@ touches lies below its bucket's span, several buckets are captured as requests g
 exactly the target's own greedy output with the same accepted lengths as over the whole caches."""
 import pytest
 
-import dmtp.decode.graphs as graphs
 from dmtp.decode import SpecDecoder, build_proposer
+import dmtp.decode.graphs as graphs
 from test_decode_graphs import _EagerGraphs
 from test_decode_loop import (MAX_NEW, _check_positions_below_span, continuations, eos_and_refs,  # noqa: F401
                               greedy_reference, make_drafter, prompts, tokenizer)
@@ -73,7 +73,7 @@ def test_cuda_span_buckets_equal_eager(micro_target_dir, method, dtype):
     same tokens and accepted lengths as eager decoding at the same shapes, in fp32 and in bf16."""
     import torch
 
-    from dmtp.models.mtp_loading import load_native_mtp
+    from dmtp.families.mtp_loading import load_native_mtp
     from dmtp.models.target import TargetModel
     from test_decode_graphs import PROMPTS, _proposer
 

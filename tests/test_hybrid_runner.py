@@ -10,14 +10,15 @@ from collections import Counter
 import pytest
 import torch
 
-from dmtp.block_drafter import fresh_drafter_for
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
+from dmtp.drafters.block_drafter import fresh_drafter_for
 from scripted_proposer import ScriptedProposer
-from dmtp.decode.runners import RecomputeTargetRunner, make_target_runner
-from dmtp.decode.runners.hybrid import HybridTargetRunner, hybrid_runner_unsupported, text_model
+from dmtp.decode.runners import RecomputeTargetRunner
+from dmtp.families.catalogue import make_target_runner
+from dmtp.families.hybrid import HybridTargetRunner, hybrid_runner_unsupported, text_model
+from dmtp.families.mtp_loading import load_native_mtp
 from dmtp.models import gdn_kernels
 from dmtp.models.gated_deltanet import GDNCache
-from dmtp.models.mtp_loading import load_native_mtp
 from dmtp.models.target import TargetModel
 from test_decode_sampling import _chi2_pvalue, _exact_probs
 from test_decode_stage_writes import check_rounds

@@ -9,9 +9,9 @@ import time
 import pytest
 
 from cli_runner import infer_cli
-from dmtp.block_drafter import fresh_drafter_for
 from dmtp.configs import compose_config
 from dmtp.data.evalsets import load_eval_set
+from dmtp.drafters.block_drafter import fresh_drafter_for
 from dmtp.inference.drafters import NO_DRAFTER_MESSAGE, find_latest_drafter, no_drafter_for
 from dmtp.models.target import load_tokenizer
 
@@ -103,7 +103,8 @@ def test_infer_without_drafter_decodes_the_one_for_its_target(tmp_path, micro_ta
 
 def test_drafter_given_for_another_target_is_a_one_line_error(tmp_path, micro_target, micro_target_dir,
                                                                monkeypatch, capsys):
-    from dmtp.models.drafter import DFlashConfig, DFlashDrafter, save_drafter
+    from dmtp.drafters.checkpoint import save_drafter
+    from dmtp.drafters.dflash import DFlashConfig, DFlashDrafter
 
     narrow = DFlashConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                           num_key_value_heads=2, head_dim=16, vocab_size=micro_target.config.vocab_size,

@@ -12,8 +12,8 @@ from safetensors.torch import load_file, save_file
 
 from dmtp.configs import compose_train
 from dmtp.decode import SpecDecoder, build_proposer
+from dmtp.families.mtp_loading import MTPLoadError, load_native_mtp
 from dmtp.inference.drafters import load_drafter_for, mtp_for_drafter
-from dmtp.models.mtp_loading import MTPLoadError, load_native_mtp
 from dmtp.training.job import build_components, train
 
 

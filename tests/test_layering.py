@@ -4,8 +4,10 @@ higher one. A module may import its own tier sideways (another package of it) on
 
 Tiers, low -> high (the one table; a new package or top-level module must be placed here, or this test fails):
   0  utilities every layer may use (files, paths, threads, warnings, error wording, config composition)
-  1  the model, injection and data libraries
-  2  what is built on them: decoding, the block drafter, the embedded tiny-target builder
+  1  the model, drafter-architecture, injection and data libraries
+  2  what is built on them: decoding, the target families (each one's MTP block and static-cache runner,
+     built on decoding's runner machinery), the block drafter (dmtp.drafters.block_drafter: a backbone of
+     dmtp.drafters with its injection), the embedded tiny-target builder
   3  applications of those: training, serving, the engines that decode behind one interface, inference, reports
   4  commands and their command-line plumbing, and tools/
 """
@@ -25,9 +27,9 @@ TIERS = {
     "dmtp.atomic_io": 0, "dmtp.paths": 0, "dmtp.threads": 0, "dmtp.quiet": 0, "dmtp.errors": 0,
     "dmtp.configs": 0, "dmtp.resolvers": 0, "dmtp.run_dirs": 0,
     # 1: libraries
-    "dmtp.models": 1, "dmtp.injection": 1, "dmtp.data": 1,
+    "dmtp.models": 1, "dmtp.drafters": 1, "dmtp.injection": 1, "dmtp.data": 1,
     # 2: built on the libraries
-    "dmtp.decode": 2, "dmtp.block_drafter": 2, "dmtp.tiny": 2,
+    "dmtp.decode": 2, "dmtp.families": 2, "dmtp.drafters.block_drafter": 2, "dmtp.tiny": 2,
     # 3: applications
     "dmtp.training": 3, "dmtp.serving": 3, "dmtp.inference": 3, "dmtp.reports": 3, "dmtp.engines": 3,
     # 4: commands (imported by nothing: see COMMANDS) and their plumbing; tools/

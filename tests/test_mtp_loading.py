@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 
-from dmtp.models.mtp_loading import MTPLoadError, _dequantize_fp8, load_native_mtp
+from dmtp.families.mtp_loading import MTPLoadError, load_native_mtp
+from dmtp.models.mtp_checkpoint import dequantize_fp8
 
 V = 50          # vocab of every tiny checkpoint
 T = 8           # sequence length of the forward checks (MTP rows 1..T-1)
@@ -585,7 +586,7 @@ def test_deepseek_fp8_weights_dequantised(ds_fp8):
     torch.manual_seed(0)
     w = _rand(DH, 2 * DH)
     q, s = fp8_quantize(w, FP8_BLOCK)
-    assert ((_dequantize_fp8(q, s, FP8_BLOCK) - w).abs() <= w.abs() / 8 + 1e-6).all()
+    assert ((dequantize_fp8(q, s, FP8_BLOCK) - w).abs() <= w.abs() / 8 + 1e-6).all()
 
 
 def test_deepseek_family_forward_matches_transformers_layer(ds_case):
@@ -631,9 +632,9 @@ def test_dequantize_fp8_default_128_blocks():
     w = torch.randn(200, 300)
     q, s = fp8_quantize(w, (128, 128))
     assert s.shape == (2, 3)
-    assert torch.equal(_dequantize_fp8(q, s), fp8_reference_dequant(q, s, (128, 128)))
+    assert torch.equal(dequantize_fp8(q, s), fp8_reference_dequant(q, s, (128, 128)))
     with pytest.raises(MTPLoadError, match="does not cover"):
-        _dequantize_fp8(q, s[:1])
+        dequantize_fp8(q, s[:1])
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -6,14 +6,14 @@ from collections import Counter
 import pytest
 import torch
 
-from dmtp.block_drafter import BlockDrafter, fresh_drafter_for, load_block_drafter
 from dmtp.configs import compose_train
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
+from dmtp.drafters.block_drafter import BlockDrafter, fresh_drafter_for, load_block_drafter
 from dmtp.injection.catalogue import make_injection
 from dmtp.models.mtp_chain import TeacherChain
-from dmtp.training.job import build_components
 from dmtp.training.blocks import sample_anchors, valid_anchors
 from dmtp.training.draws import BatchDraws
+from dmtp.training.job import build_components
 from tests.test_decode_loop import MAX_NEW, prompts, tokenizer  # noqa: F401
 from tests.test_decode_sampling import N_SAMPLES, STEPS, _chi2_pvalue, _exact_probs
 

@@ -7,8 +7,10 @@ import torch
 
 ref = pytest.importorskip("dflash.model")
 
-from dmtp.models.dflash2 import DFlash2Config  # noqa: E402
-from dmtp.models.drafter import DFlashConfig, build_drafter_from_config, load_drafter, save_drafter  # noqa: E402
+from dmtp.drafters.checkpoint import load_drafter, save_drafter
+from dmtp.drafters.dflash import DFlashConfig
+from dmtp.drafters.dflash2 import DFlash2Config  # noqa: E402
+from dmtp.drafters.registry import build_drafter_from_config  # noqa: E402
 
 H, V, CTX, BLOCK, MASK = 32, 97, 9, 8, 3
 TAPS = [0, 2]
@@ -155,7 +157,7 @@ def _assert_same_rounds(target, ref_model, drafter, block_size, monkeypatch):
 
 @pytest.mark.parametrize("block_size", [16, 8])
 def test_reference_checkpoint_decodes_as_the_reference_loop(tmp_path, micro_target, block_size, monkeypatch):
-    from dmtp.block_drafter import load_block_drafter
+    from dmtp.drafters.block_drafter import load_block_drafter
 
     theirs = _reference_drafter_for(micro_target, block_size)
     theirs.save_pretrained(tmp_path)
@@ -167,7 +169,7 @@ def test_reference_checkpoint_decodes_as_the_reference_loop(tmp_path, micro_targ
 
 
 def test_our_block16_export_runs_in_the_reference_loop(tmp_path, micro_target, monkeypatch):
-    from dmtp.block_drafter import load_block_drafter
+    from dmtp.drafters.block_drafter import load_block_drafter
 
     _reference_drafter_for(micro_target, 16).save_pretrained(tmp_path / "theirs")   # weights that get runs accepted
     ours, _ = load_block_drafter(tmp_path / "theirs")

@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 
 from dmtp.decode import SpecDecoder, build_proposer
-from dmtp.models.mtp_loading import load_native_mtp
+from dmtp.families.mtp_loading import load_native_mtp
 from dmtp.models.target import TargetModel
 from dmtp.tiny.random_target import main as random_target_main, plan_shards, write_random_target
 from dmtp.tiny.real_shapes import SHAPES, shape_config

@@ -18,14 +18,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dmtp.block_drafter import fresh_drafter_for, load_block_drafter
 from dmtp.configs import compose_config, compose_train
-from dmtp.decode.runners import HybridTargetRunner
 from dmtp.decode.loop import SpecDecoder, build_proposer
+from dmtp.drafters.block_drafter import fresh_drafter_for, load_block_drafter
 from scripted_proposer import ScriptedProposer
-from dmtp.decode.runners import make_target_runner
+from dmtp.families.catalogue import make_target_runner
+from dmtp.families.hybrid import HybridTargetRunner
+from dmtp.families.mtp_loading import MTPLoadError, load_native_mtp
 from dmtp.inference.compare import compare_methods as infer_run
-from dmtp.models.mtp_loading import MTPLoadError, load_native_mtp
 from dmtp.models.target import TargetModel
 from dmtp.training.job import build_components, train
 from test_mtp_loading import qwen_mtp_tensors

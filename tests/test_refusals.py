@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from cli_runner import infer_cli
-from dmtp.block_drafter import fresh_drafter_for, load_block_drafter
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
+from dmtp.drafters.block_drafter import fresh_drafter_for, load_block_drafter
 from dmtp.models.target import load_tokenizer
 
 

@@ -18,13 +18,14 @@ from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file, save_file
 
 from cli_runner import infer_cli, run_command
-from dmtp.block_drafter import fresh_drafter_for, load_block_drafter
 from dmtp.configs import CONF_DIR, compose_train
-from dmtp.models.drafter import DFlashConfig, DFlashDrafter, save_drafter
+from dmtp.drafters.block_drafter import fresh_drafter_for, load_block_drafter
+from dmtp.drafters.checkpoint import save_drafter
+from dmtp.drafters.dflash import DFlashConfig, DFlashDrafter
 from dmtp.models.target import TargetModel
-from dmtp.training.job import build_components, train
-from dmtp.training.guards import NonFiniteError
 from dmtp.training.datamodule import read_records
+from dmtp.training.guards import NonFiniteError
+from dmtp.training.job import build_components, train
 
 QUIET = ["model.val_walk=false", "trainer.enable_progress_bar=false"]
 

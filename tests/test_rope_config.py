@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from transformers import AutoConfig
 
-from dmtp.models.drafter import DFlashConfig
-from dmtp.models.mtp_loading import MTP_FAMILIES
+from dmtp.drafters.dflash import DFlashConfig
+from dmtp.families.catalogue import mtp_family_of
 from dmtp.models.rope_config import DEFAULT_ROPE_THETA, rope_parameters, rope_theta, rope_type
 
 
@@ -34,7 +34,7 @@ def test_default_base_is_transformers_own(model_type):
 def test_mtp_spec_and_drafter_config_read_the_same_base():
     cfg = {"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128,
            "rope_parameters": {"rope_theta": 123456.0, "rope_type": "default"}}
-    assert MTP_FAMILIES["qwen3"].spec(cfg).rope_theta == 123456.0
+    assert mtp_family_of("qwen3").mtp_spec(cfg).rope_theta == 123456.0
     drafter = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
                "num_key_value_heads": 4, "head_dim": 16, "vocab_size": 100, "num_target_layers": 4,
                "dflash_config": {"mask_token_id": 3, "target_layer_ids": [1]}, "block_size": 8}

@@ -6,11 +6,12 @@ import json
 
 import pytest
 
-from dmtp.models.dflash2 import DFLASH2_ARCH, DFlash2Config, DFlash2Drafter
-from dmtp.models.dspark import DSPARK_ARCH, DSparkConfig, DSparkDrafter
-from dmtp.models.drafter import (ARCHITECTURES, DFLASH_ARCH, DFlashConfig, DFlashDrafter, architecture_named,
-                                 drafter_class, load_drafter, register_drafter, save_drafter)
-from dmtp.models.drafter_factory import build_drafter
+from dmtp.drafters.checkpoint import load_drafter, save_drafter
+from dmtp.drafters.dflash import DFlashConfig, DFlashDrafter
+from dmtp.drafters.dflash2 import DFLASH2_ARCH, DFlash2Config, DFlash2Drafter
+from dmtp.drafters.dspark import DSPARK_ARCH, DSparkConfig, DSparkDrafter
+from dmtp.drafters.factory import build_drafter
+from dmtp.drafters.registry import ARCHITECTURES, DFLASH_ARCH, architecture_named, drafter_class, register_drafter
 
 SIZES = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
              head_dim=16, vocab_size=50, num_target_layers=2, target_layer_ids=[0], mask_token_id=3)

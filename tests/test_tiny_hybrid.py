@@ -9,13 +9,12 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3_5ForCausalLM
 
-from dmtp.block_drafter import fresh_drafter_for, load_block_drafter
 from dmtp.configs import compose_train
-from dmtp.decode.runners import HybridTargetRunner
 from dmtp.decode.loop import SpecDecoder, build_proposer
-from dmtp.decode.runners import make_target_runner
-from dmtp.models.mtp_families import Qwen35MTPBlock
-from dmtp.models.mtp_loading import load_native_mtp
+from dmtp.drafters.block_drafter import fresh_drafter_for, load_block_drafter
+from dmtp.families.catalogue import make_target_runner
+from dmtp.families.hybrid import HybridTargetRunner, Qwen35MTPBlock
+from dmtp.families.mtp_loading import load_native_mtp
 from dmtp.models.target import TargetModel
 from dmtp.tiny.targets import ensure_tiny_target
 from dmtp.training.job import train

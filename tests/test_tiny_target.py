@@ -7,7 +7,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from dmtp.models.mtp_loading import load_native_mtp
+from dmtp.families.mtp_loading import load_native_mtp
 from dmtp.models.target import TargetModel
 from dmtp.tiny.targets import build_tiny_target
 

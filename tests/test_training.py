@@ -9,13 +9,14 @@ import sys
 import pytest
 import torch
 
-from dmtp.block_drafter import BlockDrafter
+from dmtp.configs import compose_train
+from dmtp.drafters.block_drafter import BlockDrafter
+from dmtp.drafters.checkpoint import save_drafter
+from dmtp.drafters.dflash import DFlashConfig, DFlashDrafter
 from dmtp.injection import VARIANTS
 from dmtp.injection.catalogue import make_injection
-from dmtp.models.drafter import DFlashConfig, DFlashDrafter, save_drafter
-from dmtp.training.job import build_components, train
 from dmtp.training.blocks import draft_blocks, sample_anchors, teacher_features, valid_anchors
-from dmtp.configs import compose_train
+from dmtp.training.job import build_components, train
 
 
 def _batch(tokenizer, seq_len=64, rows=4):

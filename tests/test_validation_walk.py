@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from dmtp.block_drafter import fresh_drafter_for
 from dmtp.configs import compose_train
 from dmtp.data.corpora import documents
 from dmtp.decode import SpecDecoder, build_proposer
+from dmtp.drafters.block_drafter import fresh_drafter_for
 from dmtp.models.target import load_tokenizer
 from dmtp.training.blocks import teacher_features
 from dmtp.training.job import build_components

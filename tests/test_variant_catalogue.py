@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dmtp.block_drafter import fresh_drafter_for, load_block_drafter
 from dmtp.configs import CONF_DIR
+from dmtp.drafters.block_drafter import fresh_drafter_for, load_block_drafter
 from dmtp.injection import CATALOGUE, Injection
-from dmtp.injection.catalogue import register_variant
 from dmtp.injection.catalogue import make_injection
+from dmtp.injection.catalogue import register_variant
 from dmtp.injection.readme_table import README, render_table, table_in
 from dmtp.reports.sweep import INTERFACES
 

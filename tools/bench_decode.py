@@ -239,7 +239,7 @@ def random_drafter_size(args, ap: argparse.ArgumentParser, target_layers: int | 
 
 
 def random_drafter(target, name: str, mask_token_id: int, device, dtype, seed: int = 0, size: dict | None = None):
-    from dmtp.block_drafter import fresh_drafter_for
+    from dmtp.drafters.block_drafter import fresh_drafter_for
 
     return fresh_drafter_for(target, name, mask_token_id, seed=seed, **(size or {})).to(device, dtype), name
 

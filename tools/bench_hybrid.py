@@ -68,7 +68,8 @@ def runner_step(runner, rows: torch.Tensor, committed: int):
 
 @torch.no_grad()
 def main(argv=None) -> None:
-    from dmtp.decode.runners import HybridTargetRunner, RecomputeTargetRunner
+    from dmtp.decode.runners import RecomputeTargetRunner
+    from dmtp.families.hybrid import HybridTargetRunner
     from dmtp.models.target import TargetModel
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

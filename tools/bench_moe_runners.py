@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from dmtp.decode.runners import make_target_runner
+from dmtp.families.catalogue import make_target_runner
 from dmtp.models.target import TargetModel
 
 

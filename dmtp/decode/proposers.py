@@ -32,9 +32,9 @@ from collections.abc import Sequence
 
 import torch
 
-from dmtp.block_drafter import BlockDrafter, MTPBlockInputs
 from dmtp.decode.stage import Stage, present
 from dmtp.decode.verify import probs_from_logits, sample_from_probs
+from dmtp.drafters.block_drafter import BlockDrafter, MTPBlockInputs
 from dmtp.models.mtp import NativeMTP
 from dmtp.models.mtp_chain import chain_mtp
 from dmtp.models.qwen3 import KVCache

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from dmtp.block_drafter import MTPBlockInputs
 from dmtp.decode.proposers import ARProposer, DrafterProposer, MTPChainProposer, Proposer
+from dmtp.drafters.block_drafter import MTPBlockInputs
 from dmtp.models.mtp_chain import MTPChain, chain_mtp
 
 # (target, ids [1, T] ending with the anchor A) -> the round's candidates c1..cK

@@ -22,7 +22,7 @@ from dmtp.inference.setup import (LoadedDrafter, LoadedTarget, drafter_with_mtp,
                                   load_target, placement)
 from dmtp.inference.workloads import add_comparisons, decode_workloads
 from dmtp.models.model_card import CARD_NAME, set_card_section
-from dmtp.models.mtp_loading import MTPLoadError
+from dmtp.models.mtp_errors import MTPLoadError
 from dmtp.reports.decoding import jsonable, report
 from dmtp.tiny.targets import default_target_dir
 

@@ -10,7 +10,7 @@ NO_DRAFTER_MESSAGE = ("[dmtp] no trained drafter found under ./outputs or ./logs
 
 def recorded_target(drafter_dir: str | Path) -> str | None:
     """The target a dmtp-trained drafter records in its config.json (`dmtp.target`), as written."""
-    from dmtp.models.drafter import read_drafter_config
+    from dmtp.drafters.checkpoint import read_drafter_config
 
     return (read_drafter_config(drafter_dir).get("dmtp") or {}).get("target")
 
@@ -75,8 +75,8 @@ def load_drafter_for(target, path, dtype, device, injection: str | None = None, 
     injection's decoding-time options (e.g. multi_mtp_zero_init's num_mtp_tokens / mtp_threshold);
     `block_size`: verify a shorter block than it was trained with (None: its own). Both are named in
     the label: `variant[k=v,...]`."""
-    from dmtp.block_drafter import load_block_drafter
-    from dmtp.models.drafter_fit import require_target_fit
+    from dmtp.drafters.block_drafter import load_block_drafter
+    from dmtp.drafters.fit import require_target_fit
     from dmtp.models.provenance import target_mismatch
 
     options = dict(options or {})
@@ -93,8 +93,8 @@ def load_drafter_for(target, path, dtype, device, injection: str | None = None, 
 def mtp_for_drafter(target, target_path, drafter_dir, native_mtp):
     """The MTP a drafter decodes with: its own jointly trained one (mtp.safetensors in its directory,
     one line saying so) or the target's native MTP."""
-    from dmtp.block_drafter import tuned_mtp_path
-    from dmtp.models.mtp_loading import load_native_mtp
+    from dmtp.drafters.block_drafter import tuned_mtp_path
+    from dmtp.families.mtp_loading import load_native_mtp
 
     tuned = tuned_mtp_path(drafter_dir) if drafter_dir is not None else None
     if tuned is None:

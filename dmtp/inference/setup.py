@@ -80,14 +80,14 @@ def load_target(target_cfg, device: torch.device, dtype: torch.dtype, path: str 
 
 def load_mtp(target: LoadedTarget):
     """The target's native MTP (MTPLoadError / FileNotFoundError when it has none that loads)."""
-    from dmtp.models.mtp_loading import load_native_mtp
+    from dmtp.families.mtp_loading import load_native_mtp
 
     return load_native_mtp(target.path, target.model.embed_tokens, target.model.lm_head)
 
 
 @dataclass
 class LoadedDrafter:
-    model: object        # dmtp.block_drafter.BlockDrafter
+    model: object        # dmtp.drafters.block_drafter.BlockDrafter
     label: str           # its variant, with decoding-time options: variant[k=v,...]
     path: str
     mtp: object = None   # the MTP it decodes with (None: it uses none, or none was loaded)

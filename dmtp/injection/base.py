@@ -31,7 +31,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from dmtp.models.drafter import require_block_size
+from dmtp.drafters.dflash import require_block_size
 from dmtp.models.qwen3 import RMSNorm
 
 Embed = Callable[[torch.Tensor], torch.Tensor]
@@ -58,7 +58,7 @@ class Injection(nn.Module):
         self.num_target_features = num_target_features
         self.mask_token_id = mask_token_id
         # B, the verified width: the target verifies [A, c1..c_{B-1}] (the drafter's block_size, or a
-        # shorter one chosen at decoding time; the drafter sets it, see dmtp.block_drafter).
+        # shorter one chosen at decoding time; the drafter sets it, see dmtp.drafters.block_drafter).
         self.block_size = require_block_size(block_size)
         # The options it was built with, saved with the drafter so that it rebuilds identically; the
         # catalogue's `register_variant` records them from the constructor's call.

@@ -2,7 +2,7 @@
 
 `@register_variant(name=..., slots=..., injected=...)` on the class in `dmtp/injection/<name>.py` is
 the only place a variant is named and described. Everything else reads the catalogue: the loader
-(`make_injection`, used by `dmtp.block_drafter`), the sweep report's labels (`dmtp.reports.sweep`), the README's variant table
+(`make_injection`, used by `dmtp.drafters.block_drafter`), the sweep report's labels (`dmtp.reports.sweep`), the README's variant table
 (`dmtp.injection.readme_table`) and the test that checks `conf/injection/*.yaml` against it.
 
 A variant's options are its constructor's own keyword arguments after the four the drafter sets

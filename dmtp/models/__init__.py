@@ -1,7 +1,5 @@
-"""Models: the target runtime, native MTP layers and their loader, the DFlash / DFlash2 / DSpark block drafters.
-
-Importing the package registers every shipped drafter architecture with `dmtp.models.drafter`, so a
-checkpoint of any of them loads through `load_drafter` whichever module the caller imported first.
+"""Models: the target runtime (target.py, qwen3.py, gated_deltanet.py, mla.py, moe.py), the native MTP module
+and its checkpoint tensors (mtp.py, mtp_checkpoint.py, mtp_chain.py), and the readers every layer shares
+(rope_config.py, safe_weights.py, provenance.py, model_card.py). Each target family's MTP block is in
+dmtp/families/, each drafter architecture in dmtp/drafters/.
 """
-from dmtp.models import dflash2 as _dflash2  # noqa: F401  (registers DFlash2DraftModel)
-from dmtp.models import dspark as _dspark  # noqa: F401  (registers Qwen3DSparkModel)

@@ -15,8 +15,8 @@ rotary pairs (x0, x1), (x2, x3), ...) equals NeoX rotate-half RoPE on the de-int
 [x0, x2, ..; x1, x3, ..]; queries and keys get the same permutation, so their dot products are unchanged.
 The softmax scale is qk_head_dim^-0.5, times mscale^2 for YaRN checkpoints with `mscale_all_dim`.
 
-One implementation serves the static-cache target runner (`dmtp.decode.runners.deepseek`) and the
-DeepSeek-V3 MTP block (`dmtp.models.mtp_families`). Parameter names are the checkpoint's.
+One implementation serves the static-cache target runner (`dmtp.families.deepseek_v3`) and the
+DeepSeek-V3 MTP block (the same file). Parameter names are the checkpoint's.
 """
 from __future__ import annotations
 

@@ -16,37 +16,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dmtp.models.qwen3 import (KVCache, Qwen3DecoderLayer, RMSNorm, additive_mask, cache_mask, causal_mask,
-                               rope_cos_sin, rope_inv_freq)
-
-
-class Qwen3MTPBlock(Qwen3DecoderLayer):
-    """A plain Qwen3 decoder layer as the MTP block (the tiny target's family).
-
-    Every MTP block speaks the same protocol: `forward(x, positions, mask, cache=None)` computes its
-    own rotary embedding, and `new_cache(batch, max_len, dtype, device)` gives its private KV cache."""
-
-    def __init__(self, spec: "MTPSpec"):
-        super().__init__(spec.hidden_size, spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim,
-                         spec.intermediate_size, spec.rms_norm_eps, spec.attention_bias)
-        rotary_dim = int(spec.head_dim * spec.partial_rotary_factor)
-        # A plain attribute, not a buffer: frequencies stay fp32 when the block is cast to bf16.
-        self._inv_freq = rope_inv_freq(rotary_dim, spec.rope_theta)
-        self.num_kv_heads, self.head_dim = spec.num_key_value_heads, spec.head_dim
-
-    def forward(self, x, positions, mask, cache: KVCache | None = None):
-        if self._inv_freq.device != x.device:
-            self._inv_freq = self._inv_freq.to(x.device)
-        cos, sin = rope_cos_sin(positions, self._inv_freq, x.dtype)
-        return super().forward(x, cos, sin, mask, cache=cache, positions=positions)
-
-    def new_cache(self, batch: int, max_len: int, dtype, device) -> KVCache:
-        return KVCache(batch, self.num_kv_heads, max_len, self.head_dim, dtype, device)
+from dmtp.models.moe import packed_experts, sigmoid_moe_from_config
+from dmtp.models.mtp_errors import MTPLoadError
+from dmtp.models.qwen3 import KVCache, Qwen3MLP, RMSNorm, additive_mask, cache_mask, causal_mask, rope_tables
 
 
 @dataclass
 class MTPSpec:
-    """What a family's MTP looks like; filled from the target's config by `dmtp.models.mtp_loading`."""
+    """What a family's MTP looks like; filled from the target's config by its family (`dmtp.families`)."""
 
     family: str
     hidden_size: int
@@ -63,14 +40,14 @@ class MTPSpec:
 
 
 class NativeMTP(nn.Module):
-    def __init__(self, spec: MTPSpec, embed_tokens: nn.Embedding, lm_head: nn.Module, block: nn.Module | None = None):
+    def __init__(self, spec: MTPSpec, embed_tokens: nn.Embedding, lm_head: nn.Module, block: nn.Module):
         super().__init__()
         h = spec.hidden_size
         self.spec = spec
         self.fc = nn.Linear(2 * h, h, bias=False)
         self.pre_fc_norm_embedding = RMSNorm(h, spec.rms_norm_eps, spec.zero_centered_norm)
         self.pre_fc_norm_hidden = RMSNorm(h, spec.rms_norm_eps, spec.zero_centered_norm)
-        self.layers = nn.ModuleList([block if block is not None else Qwen3MTPBlock(spec)])
+        self.layers = nn.ModuleList([block])   # the family's decoder block (`dmtp.families.<family>`)
         self.norm = RMSNorm(h, spec.rms_norm_eps, spec.zero_centered_norm)
         # Shared with the target and never trained here; kept out of this module's parameters.
         self._shared = {"embed": embed_tokens, "head": lm_head}
@@ -122,3 +99,49 @@ class NativeMTP(nn.Module):
     def new_cache(self, batch: int, max_len: int, dtype=None, device=None):
         p = self.fc.weight
         return self.layers[0].new_cache(batch, max_len, dtype or p.dtype, device or p.device)
+
+
+# ----------------------------------------------------------------------------------------------------
+# what several families' MTP blocks share (DeepSeek-V3, GLM-4-MoE: our decoder layers + transformers' rotary)
+# ----------------------------------------------------------------------------------------------------
+
+class RotaryMTPBlock:
+    """Mixin giving one of our decoder layers the MTP block protocol, with transformers' rotary embedding
+    of the family (`_hf["rotary"]`, kept outside the module tree: its fp32 frequencies follow device
+    moves but are never cast with the weights, and no host copy happens inside CUDA-graph capture)."""
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        device = fn(torch.zeros(())).device
+        self._hf["rotary"]._apply(lambda t: t.to(device))
+        return self
+
+    def forward(self, x, positions, mask, cache=None):
+        cos, sin = rope_tables(*self._hf["rotary"](x, positions))
+        return super().forward(x, cos, sin, mask, cache=cache, positions=positions)
+
+
+def hf_family_config(config_cls, cfg: dict):
+    """transformers' config object of the family: its class defaults fill what config.json leaves out."""
+    return config_cls.from_dict({k: v for k, v in cfg.items() if k not in ("quantization_config",)})
+
+
+def moe_mtp_block(block_cls, config, rotary_cls, cfg: dict, keys: list[str] | None) -> nn.Module:
+    """The MTP layer (index num_hidden_layers) of a DeepSeek-V3 / GLM-4-MoE config: MoE from
+    `first_k_dense_replace` on, as transformers decides; experts in the checkpoint's layout."""
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise MTPLoadError(f"{cfg.get('model_type')} MTP: hidden_act {cfg['hidden_act']!r} is not supported")
+    rotary = rotary_cls(config=config)
+    # Built on the meta device, then materialised with zeros: real MoE blocks hold billions of weights,
+    # which need no random init (every tensor is then loaded).
+    with torch.device("meta"):
+        if cfg["num_hidden_layers"] >= config.first_k_dense_replace:
+            mlp = sigmoid_moe_from_config(config, packed=packed_experts(keys))
+        else:
+            mlp = Qwen3MLP(config.hidden_size, config.intermediate_size)
+        block = block_cls(config, mlp, rotary)
+    block = block.to_empty(device="cpu")
+    with torch.no_grad():
+        for t in [*block.parameters(), *block.buffers()]:
+            t.zero_()
+    return block

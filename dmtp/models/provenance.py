@@ -32,11 +32,12 @@ def mtp_file_hashes(target: str | Path) -> dict[str, str] | None:
     """{file name: sha256} of the files holding a local target's MTP tensors (one for the embedded targets'
     mtp.safetensors; a release may spread its MTP over its last shards); None when it has no MTP or is not a
     local checkpoint."""
-    from dmtp.models.mtp_loading import MTPLoadError, _checkpoint_mtp
+    from dmtp.models.mtp_checkpoint import read_checkpoint_mtp
+    from dmtp.models.mtp_errors import MTPLoadError
 
     root = Path(str(target)).expanduser()
     try:
-        _, _, index, layout, names = _checkpoint_mtp(root)
+        _, _, index, layout, names = read_checkpoint_mtp(root)
     except (FileNotFoundError, MTPLoadError, ValueError, OSError):
         return None
     if layout == "none":

@@ -51,7 +51,8 @@ def make_llm(model: str, engine_args: dict | None = None, speculative_config: di
 
 def serves_dmtp_drafter(speculative_config: dict) -> bool:
     """Whether the speculative config's drafter is a dmtp DMTP export (served through dmtp's plug-in)."""
-    from dmtp.models.drafter import ARCHITECTURES, read_drafter_config
+    from dmtp.drafters.checkpoint import read_drafter_config
+    from dmtp.drafters.registry import ARCHITECTURES
 
     model = speculative_config.get("model")
     if not model or not os.path.isfile(os.path.join(os.fspath(model), "config.json")):

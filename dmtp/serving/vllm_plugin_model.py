@@ -20,12 +20,13 @@ import torch.nn.functional as F
 from vllm.config import VllmConfig
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
-from dmtp.block_drafter import INJECTION_PREFIX, tuned_mtp_path
+from dmtp.drafters.block_drafter import INJECTION_PREFIX, tuned_mtp_path
 from dmtp.injection.base import Injection
 from dmtp.injection.catalogue import make_injection
-from dmtp.models.drafter import DFlashConfig, read_drafter_config
+from dmtp.drafters.checkpoint import read_drafter_config
+from dmtp.drafters.dflash import DFlashConfig
 from dmtp.models.mtp import NativeMTP
-from dmtp.models.mtp_loading import load_native_mtp
+from dmtp.families.mtp_loading import load_native_mtp
 
 
 def serving_layout_problem(injection: Injection, config: DFlashConfig, num_speculative_tokens: int) -> str | None:

@@ -1,5 +1,5 @@
 """The embedded targets' architectures: transformers' own causal-LM class of the family, and the
-family's native MTP layer built exactly as `dmtp.models.mtp_loading` builds it from the saved
+family's native MTP layer built exactly as `dmtp.families.mtp_loading` builds it from the saved
 config, so the MTP that is pretrained is the one the strict loader reads back.
 
     qwen3         Qwen3ForCausalLM, a plain Qwen3 decoder layer as the MTP block (`tiny`, `micro`)
@@ -10,8 +10,9 @@ from __future__ import annotations
 from transformers import PreTrainedModel, Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, \
     Qwen3ForCausalLM
 
+from dmtp.families.catalogue import mtp_family_of
+from dmtp.families.mtp_loading import build_native_mtp
 from dmtp.models.mtp import NativeMTP
-from dmtp.models.mtp_loading import MTP_FAMILIES
 from dmtp.models.qwen3 import init_linear_
 from dmtp.tiny.presets import HybridPreset, TinyPreset
 
@@ -43,8 +44,6 @@ def build_model(preset: TinyPreset, vocab_size: int, eos_id: int) -> tuple[PreTr
     """A freshly initialised target of the preset's architecture and its native MTP layer."""
     model = ARCHITECTURES[preset.architecture](preset, vocab_size, eos_id)
     cfg = model.config.to_dict()
-    family = MTP_FAMILIES[cfg["model_type"]]
-    spec = family.spec(cfg)
-    mtp = NativeMTP(spec, model.model.embed_tokens, model.lm_head, block=family.block(spec, cfg))
+    mtp = build_native_mtp(mtp_family_of(cfg["model_type"]), cfg, model.model.embed_tokens, model.lm_head)
     init_linear_(mtp)
     return model, mtp

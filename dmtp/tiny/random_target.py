@@ -80,15 +80,13 @@ def _qwen_mtp_names(cfg: dict) -> dict:
     """`mtp.*` names and shapes of the family's MTP, as dmtp's strict loader builds it."""
     from torch import nn
 
-    from dmtp.models.mtp import NativeMTP
-    from dmtp.models.mtp_loading import MTP_FAMILIES
+    from dmtp.families.catalogue import mtp_family_of
+    from dmtp.families.mtp_loading import build_native_mtp
 
-    family = MTP_FAMILIES[cfg["model_type"]]
-    spec = family.spec(cfg)
     with torch.device("meta"):
         embed = nn.Embedding(cfg["vocab_size"], cfg["hidden_size"])
         head = nn.Linear(cfg["hidden_size"], cfg["vocab_size"], bias=False)
-        mtp = NativeMTP(spec, embed, head, block=family.block(spec, cfg))
+        mtp = build_native_mtp(mtp_family_of(cfg["model_type"]), cfg, embed, head)
     return {f"mtp.{k}": (tuple(v.shape), torch.float32) for k, v in mtp.state_dict().items()}
 
 

@@ -29,7 +29,7 @@ from dmtp.atomic_io import (publish_directory, remove_stale_temporaries, save_sa
                             write_json)
 from dmtp.data.corpora import DOMAINS, texts
 from dmtp.models.mtp import NativeMTP
-from dmtp.models.mtp_loading import MTP_FILE_NAME
+from dmtp.models.mtp_checkpoint import MTP_FILE_NAME
 from dmtp.models.safe_weights import SAFE_WEIGHTS_NAMES
 from dmtp.models.target import TargetModel
 from dmtp.paths import targets_dir
@@ -177,7 +177,7 @@ def save_target(model: PreTrainedModel, mtp: NativeMTP, out_dir: Path, mtp_apart
 def reevaluate_target(path: str | Path) -> dict:
     """Recompute a built target's held-out figures with the current `evaluate` and store them in its
     build_report.json (the weights are untouched)."""
-    from dmtp.models.mtp_loading import load_native_mtp
+    from dmtp.families.mtp_loading import load_native_mtp
     from dmtp.models.target import TargetModel, load_tokenizer
 
     path = Path(path)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dmtp.block_drafter import BlockDrafter, DraftedBlock, MTPBlockInputs
+from dmtp.drafters.block_drafter import BlockDrafter, DraftedBlock, MTPBlockInputs
 from dmtp.injection.base import Injection
 from dmtp.models.mtp_chain import MTPChain, TeacherChain, chain_mtp
 from dmtp.training.draws import BatchDraws, RowDraws

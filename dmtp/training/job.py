@@ -14,13 +14,14 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from dmtp.atomic_io import write_json
-from dmtp.block_drafter import BlockDrafter
+from dmtp.drafters.block_drafter import BlockDrafter
 from dmtp.configs import instantiate
-from dmtp.models.drafter import ARCHITECTURES, DFLASH_ARCH, load_drafter
-from dmtp.models.drafter_factory import mask_token_id_of
-from dmtp.models.drafter_fit import require_target_fit
+from dmtp.drafters.checkpoint import load_drafter
+from dmtp.drafters.registry import ARCHITECTURES, DFLASH_ARCH
+from dmtp.drafters.factory import mask_token_id_of
+from dmtp.drafters.fit import require_target_fit
 from dmtp.models.model_card import set_card_section
-from dmtp.models.mtp_loading import MTPLoadError, load_native_mtp
+from dmtp.families.mtp_loading import MTPLoadError, load_native_mtp
 from dmtp.models.target import load_tokenizer
 from dmtp.training.guards import FiniteGuard
 from dmtp.training.progress import ProgressLines, step_progress_bar, stdout_is_terminal

@@ -6,7 +6,7 @@
   (temperature 1) and the drafter's q. 1 - TV is the probability that one rejection-sampling step
   accepts, so TV is an acceptance proxy (DSpark, reference/dspark.md); it ignores `label_source`.
 * `dspark`: DSpark's mix, 0.1 x the `ce` term + 0.9 x TV (NeMo AutoModel's defaults). The confidence
-  head's BCE is not here: it is the drafter's own `auxiliary_loss` (dmtp.models.dspark).
+  head's BCE is not here: it is the drafter's own `auxiliary_loss` (dmtp.drafters.dspark).
 
 Each term is per predicted slot; block_loss weighs the slots by exp(-(k-1)/gamma) and normalises.
 """

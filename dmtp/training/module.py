@@ -1,5 +1,5 @@
 """The one LightningModule behind every variant: frozen target + MTP, trained block drafter (a DFlash or
-DFlash2 backbone and its injection, `dmtp.block_drafter.BlockDrafter`, trained as one module).
+DFlash2 backbone and its injection, `dmtp.drafters.block_drafter.BlockDrafter`, trained as one module).
 
 It knows the injection interface, never a variant's name. Per batch: teacher-forced target and MTP
 features, random anchors, every block's MTP tokens (m of them, `sample_num_mtp`; T1..Tm are inputs,
@@ -19,8 +19,8 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
-from dmtp.block_drafter import BlockDrafter, MTPBlockInputs
-from dmtp.models.drafter_fit import require_target_fit
+from dmtp.drafters.block_drafter import BlockDrafter, MTPBlockInputs
+from dmtp.drafters.fit import require_target_fit
 from dmtp.training.losses import require_loss, total_variation
 from dmtp.training.blocks import (draft_blocks, mtp_block_inputs, predicted_positions, sample_anchors, teacher_features,
                                   valid_anchors)

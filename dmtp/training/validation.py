@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from dmtp.block_drafter import MTPBlockInputs
+from dmtp.drafters.block_drafter import MTPBlockInputs
 from dmtp.training.blocks import TeacherFeatures, draft_blocks, mtp_block_inputs, teacher_features
 
 ANCHOR_CHUNK = 48

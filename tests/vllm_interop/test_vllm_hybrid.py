@@ -26,8 +26,8 @@ if not torch.cuda.is_available():
     pytest.skip("hybrid targets in vLLM are GPU-only (vLLM's CPU build: no torchvision here, no CPU gated-DeltaNet "
                 "speculation kernel)", allow_module_level=True)
 
-from dmtp.block_drafter import fresh_drafter_for, load_block_drafter  # noqa: E402
 from dmtp.decode import SpecDecoder, build_proposer  # noqa: E402
+from dmtp.drafters.block_drafter import fresh_drafter_for, load_block_drafter  # noqa: E402
 from dmtp.models.target import TargetModel  # noqa: E402
 from dmtp.serving.vllm_engine import generate, make_llm, sampling_params, shutdown, spec_decode_counts  # noqa: E402
 from dmtp.tiny.architectures import build_model  # noqa: E402

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 pytest.importorskip("vllm", reason=SKIP_REASON)
 
-from dmtp.block_drafter import load_block_drafter  # noqa: E402
+from dmtp.drafters.block_drafter import load_block_drafter  # noqa: E402
 from dmtp.configs import compose_config  # noqa: E402
 from dmtp.decode import SpecDecoder, build_proposer  # noqa: E402
 from dmtp.serving.vllm_engine import (generate, generate_tokens, make_llm, sampling_params, shutdown,  # noqa: E402

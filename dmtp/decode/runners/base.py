@@ -33,6 +33,10 @@ except Exception:  # pragma: no cover - not installed on CPU machines
 ATTENTION_CHOICES = ("auto", "sdpa", "flash")
 SILU = ("silu", "swish")
 STACK_PARTS = ("embed_tokens", "layers", "norm", "rotary_emb")
+# transformers' attribute names that several families' layers share (bound by `bind`).
+ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+SWIGLU = ("gate_proj", "up_proj", "down_proj")
+LAYER_NORMS = ("input_layernorm", "post_attention_layernorm")
 
 
 def flash_attn_available() -> bool:
@@ -318,4 +322,5 @@ class StaticCacheRunner(TargetRunner):
 
 __all__ = ["TargetRunner", "StaticCacheRunner", "FlashCache", "bind", "check_bound", "gather_rows",
            "pick_attention", "check_attention_choice", "activation_unsupported", "stack_unsupported",
-           "flash_attn_available", "flash_attn_with_kvcache", "ATTENTION_CHOICES"]
+           "flash_attn_available", "flash_attn_with_kvcache", "ATTENTION_CHOICES", "ATTENTION_PROJECTIONS", "SWIGLU",
+           "LAYER_NORMS"]

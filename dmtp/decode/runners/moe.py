@@ -13,8 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dmtp.decode.runners.base import activation_unsupported, bind, stack_unsupported
-from dmtp.decode.runners.dense import SWIGLU
+from dmtp.decode.runners.base import SWIGLU, activation_unsupported, bind, stack_unsupported
 from dmtp.models.moe import sigmoid_moe_from_config
 from dmtp.models.qwen3 import Qwen3MLP
 from dmtp.models.rope_config import rope_type

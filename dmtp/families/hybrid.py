@@ -1,6 +1,12 @@
-"""Static-cache runner for hybrid Gated-DeltaNet targets: Qwen3-Next, Qwen3.5, Qwen3.6 (dense and MoE).
+"""The hybrid family: Qwen3-Next, Qwen3.5, Qwen3.6 (dense and MoE; gated DeltaNet + gated attention).
 
-`StaticCacheRunner`'s forward for the text model at `hf.model.language_model` (multimodal
+MTP (`Qwen35MTPBlock`): one full-attention decoder layer, all norms x*(1+w), gated attention (q_proj ->
+per-head [query | gate]; per-head q/k norms; partial NeoX RoPE; o_proj of attn * sigmoid(gate)), then a
+dense SwiGLU MLP or a softmax-top-k MoE with a sigmoid-gated shared expert. Qwen3.5's interleaved mRoPE
+reduces to 1-D RoPE for text (three equal position streams), which is what is implemented. The block's
+parameter names are the checkpoint's (`mtp.layers.0.*` stripped), so strict loading proves coverage.
+
+Runner (`HybridTargetRunner`): `StaticCacheRunner`'s forward for the text model at `hf.model.language_model` (multimodal
 `*ForConditionalGeneration`) or `hf.model` (`*ForCausalLM`):
 
 * full-attention layers: gated attention (`Qwen35GatedAttention`: per-head query|gate split of q_proj,
@@ -24,20 +30,154 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dmtp.decode.runners.base import StaticCacheRunner, activation_unsupported, bind, check_bound, stack_unsupported
-from dmtp.decode.runners.dense import ATTENTION_PROJECTIONS, LAYER_NORMS, SWIGLU
+from dmtp.decode.runners.base import (ATTENTION_PROJECTIONS, LAYER_NORMS, SWIGLU, StaticCacheRunner,
+                                     activation_unsupported, bind, check_bound, stack_unsupported)
 from dmtp.decode.runners.moe import PACKED_EXPERTS, bind_swiglu, packed_experts_unsupported
+from dmtp.families.base import Family
 from dmtp.models import gdn_kernels
 from dmtp.models.gated_deltanet import GatedDeltaNet
+from dmtp.models.moe import PackedSwiGLU, PerExpertSwiGLU, packed_experts
 from dmtp.models.mtp import MTPSpec
-from dmtp.models.mtp_families import Qwen35GatedAttention, Qwen35SparseMoE
-from dmtp.models.qwen3 import RMSNorm
-from dmtp.models.rope_config import rope_type
+from dmtp.models.mtp_errors import MTPLoadError
+from dmtp.models.qwen3 import KVCache, Qwen3MLP, RMSNorm, apply_rope, attend, rope_cos_sin, rope_inv_freq
+from dmtp.models.rope_config import rope_parameters, rope_theta, rope_type
 from dmtp.models.target import TargetModel
 
 HYBRID_MODEL_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
 HYBRID_LAYER_TYPES = ("linear_attention", "full_attention")
 GDN_KERNELS = ("auto", "torch", "fla")
+
+
+# ---------------------------------------------------------------------------------------------------
+# the native MTP; its attention and MoE are also the runner's
+# ---------------------------------------------------------------------------------------------------
+
+class Qwen35SparseMoE(nn.Module):
+    """Router softmax (fp32) -> top-k (-> renormalise) over SwiGLU experts + sigmoid-gated shared expert."""
+
+    def __init__(self, hidden_size: int, num_experts: int, top_k: int, moe_intermediate_size: int,
+                 shared_intermediate_size: int, norm_topk_prob: bool, packed: bool):
+        super().__init__()
+        self.top_k, self.norm_topk_prob = top_k, norm_topk_prob
+        self.gate = nn.Linear(hidden_size, num_experts, bias=False)
+        experts = PackedSwiGLU if packed else PerExpertSwiGLU
+        self.experts = experts(num_experts, hidden_size, moe_intermediate_size)
+        self.shared_expert = Qwen3MLP(hidden_size, shared_intermediate_size)
+        self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        probs = torch.softmax(self.gate(flat).float(), dim=-1)
+        top_w, top_idx = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            top_w = top_w / top_w.sum(-1, keepdim=True)
+        out = self.experts(flat, top_idx, top_w.to(flat.dtype))
+        out = out + torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
+        return out.reshape(shape)
+
+
+class Qwen35GatedAttention(nn.Module):
+    def __init__(self, spec: MTPSpec):
+        super().__init__()
+        h, n, nkv, d, bias = (spec.hidden_size, spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim,
+                              spec.attention_bias)
+        self.num_heads, self.num_kv_heads, self.head_dim = n, nkv, d
+        self.q_proj = nn.Linear(h, 2 * n * d, bias=bias)       # per head: [query | gate]
+        self.k_proj = nn.Linear(h, nkv * d, bias=bias)
+        self.v_proj = nn.Linear(h, nkv * d, bias=bias)
+        self.o_proj = nn.Linear(n * d, h, bias=bias)
+        self.q_norm = RMSNorm(d, spec.rms_norm_eps, zero_centered=True)
+        self.k_norm = RMSNorm(d, spec.rms_norm_eps, zero_centered=True)
+
+    def project(self, x, cos, sin):
+        """x [B,T,H] -> q [B,h,T,d] (normed, rotated), output gate [B,T,h*d], k and v [B,hkv,T,d]."""
+        b, t, _ = x.shape
+        q, gate = self.q_proj(x).view(b, t, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        q = apply_rope(self.q_norm(q).transpose(1, 2), cos, sin)
+        k = self.k_norm(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        k = apply_rope(k, cos, sin)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        return q, gate.reshape(b, t, -1), k, v
+
+    def output(self, attn: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """attn [B,h,T,d] -> o_proj(attn * sigmoid(gate))."""
+        b, _, t, _ = attn.shape
+        return self.o_proj(attn.transpose(1, 2).reshape(b, t, -1) * torch.sigmoid(gate))
+
+    def forward(self, x, cos, sin, mask, cache: KVCache | None = None, positions=None):
+        q, gate, k, v = self.project(x, cos, sin)
+        if cache is not None:
+            cache.write(positions, k, v)
+            k, v = cache.k, cache.v
+        return self.output(attend(q, k, v, mask), gate)
+
+
+class Qwen35MTPBlock(nn.Module):
+    """Qwen3-Next / Qwen3.5 / Qwen3.6 MTP decoder layer (always full attention), checkpoint naming."""
+
+    def __init__(self, spec: MTPSpec, mlp: nn.Module):
+        super().__init__()
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, zero_centered=True)
+        self.self_attn = Qwen35GatedAttention(spec)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, zero_centered=True)
+        self.mlp = mlp
+        # A plain fp32 attribute, not a buffer: casting the module to bf16 must not round the frequencies
+        # (`_apply` moves it with the module's device, so no host copy happens inside CUDA-graph capture).
+        self.inv_freq = rope_inv_freq(int(spec.head_dim * spec.partial_rotary_factor), spec.rope_theta)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        self.inv_freq = self.inv_freq.to(fn(torch.zeros(())).device)
+        return self
+
+    def forward(self, x, positions, mask, cache: KVCache | None = None):
+        cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache=cache, positions=positions)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def new_cache(self, batch: int, max_len: int, dtype, device) -> KVCache:
+        a = self.self_attn
+        return KVCache(batch, a.num_kv_heads, max_len, a.head_dim, dtype, device)
+
+
+def qwen35_mtp_spec(cfg: dict) -> MTPSpec:
+    if rope_type(cfg) != "default":
+        raise MTPLoadError(f"{cfg.get('model_type')} MTP: rope_type {rope_type(cfg)!r} is not supported "
+                           "(only 'default')")
+    heads = cfg["num_attention_heads"]
+    partial = cfg.get("partial_rotary_factor", rope_parameters(cfg).get("partial_rotary_factor", 0.25))
+    return MTPSpec(family=cfg.get("model_type", "qwen3_5"), hidden_size=cfg["hidden_size"], num_attention_heads=heads,
+                   num_key_value_heads=cfg.get("num_key_value_heads", heads),
+                   head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+                   intermediate_size=cfg.get("intermediate_size") or cfg.get("shared_expert_intermediate_size") or 0,
+                   rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=rope_theta(cfg),
+                   partial_rotary_factor=float(partial), zero_centered_norm=True,
+                   attention_bias=cfg.get("attention_bias", False))
+
+
+def qwen35_mtp_block(spec: MTPSpec, cfg: dict, keys: list[str] | None = None) -> Qwen35MTPBlock:
+    """Dense SwiGLU or MoE, and the expert layout, from the checkpoint's keys (else from the config)."""
+    if keys is not None:
+        moe = "mlp.gate.weight" in keys
+    else:
+        moe = bool(cfg.get("num_experts"))
+    if moe:
+        mlp = Qwen35SparseMoE(spec.hidden_size, cfg["num_experts"], cfg["num_experts_per_tok"],
+                              cfg["moe_intermediate_size"], cfg["shared_expert_intermediate_size"],
+                              cfg.get("norm_topk_prob", True), packed=packed_experts(keys))
+    else:
+        if not cfg.get("intermediate_size"):
+            raise MTPLoadError(f"{cfg.get('model_type')} MTP has a dense MLP but the config has no intermediate_size")
+        mlp = Qwen3MLP(spec.hidden_size, cfg["intermediate_size"])
+    return Qwen35MTPBlock(spec, mlp)
+
+
+
+# ---------------------------------------------------------------------------------------------------
+# the static-cache runner
+# ---------------------------------------------------------------------------------------------------
+
 
 
 def text_model(hf: nn.Module) -> nn.Module | None:
@@ -221,4 +361,9 @@ class HybridTargetRunner(StaticCacheRunner):
                 cache.commit(n)
 
 
-__all__ = ["HybridTargetRunner", "hybrid_runner_unsupported", "text_model", "HYBRID_MODEL_TYPES", "GDN_KERNELS"]
+FAMILY = Family(name="hybrid", title="Qwen3-Next / Qwen3.5 / Qwen3.6", model_types=HYBRID_MODEL_TYPES,
+                mtp_layout="mtp", mtp_spec=qwen35_mtp_spec, mtp_block=qwen35_mtp_block, runner=HybridTargetRunner,
+                micro="micro_hybrid", test="tests/test_hybrid_runner.py")
+
+__all__ = ["FAMILY", "HybridTargetRunner", "Qwen35MTPBlock", "Qwen35GatedAttention", "Qwen35SparseMoE",
+           "hybrid_runner_unsupported", "text_model", "HYBRID_MODEL_TYPES", "GDN_KERNELS"]

@@ -18,34 +18,29 @@ Parameter names equal the published DFlash tensor names, so `state_dict()` keys 
 A drafter architecture is one registered file, as an injection variant is: its module class carries
 `@register_drafter(name=..., published=..., dmtp_published=..., config=...)`, and its config class (a
 `DFlashConfig` subclass) holds the architecture's own fields, their checks (`check_options`) and their
-config.json keys (`options_to_hf` / `options_from_hf`). DFlash v1 registers here; DFlash2 in
-`dmtp.models.dflash2`. Everything else reads `ARCHITECTURES`: the factory (`architecture=<name>`), and
-`save_drafter`/`load_drafter` (the class of a config.json's `architectures`); the generic hooks
-`auxiliary_loss` and `propose` let callers treat every drafter alike.
+config.json keys (`options_to_hf` / `options_from_hf`; an option that only configures training is named
+in `training_options` and never written to an export). DFlash v1 registers here, DFlash2 in
+`dmtp.drafters.dflash2`, DSpark in `dmtp.drafters.dspark`. Everything else reads the registry
+(`dmtp.drafters.registry.ARCHITECTURES`): the factory (`architecture=<name>`), and `save_drafter` /
+`load_drafter` (`dmtp.drafters.checkpoint`: the class of a config.json's `architectures`); the generic
+hooks `auxiliary_loss` and `propose` let callers treat every drafter alike.
 """
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from dmtp.atomic_io import save_safetensors, write_json
-from dmtp.models.drafter_config_check import check_mask_token, check_raw_drafter_config
+from dmtp.drafters.registry import DFLASH_ARCH, architecture_of_names, register_drafter
 from dmtp.models.qwen3 import (Qwen3DecoderLayer, RMSNorm, additive_mask, attend, init_linear_, rope_cos_sin,
                                rope_inv_freq)
 from dmtp.models.rope_config import DEFAULT_ROPE_THETA, rope_theta
-from dmtp.models.safe_weights import require_finite, unreadable
 from dmtp.models.temperature import scale_logits
 
 FULL, SLIDING = "full_attention", "sliding_attention"
-CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
-DFLASH_ARCH = "DFlashDraftModel"
 
 
 # The block widths the code honours: B = 2 (one candidate) up to 32 slots (K = B - 1 candidates verified
@@ -87,6 +82,9 @@ class DFlashConfig:
     input_embedding_scale: float = 1.0
     # The published architecture name (config.json `architectures`); set by `register_drafter`.
     architecture: ClassVar[str] = DFLASH_ARCH
+    # The architecture's own fields that configure training only: never written to config.json (an export
+    # describes the model), still read from older exports that carry them.
+    training_options: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self):
         require_block_size(self.block_size, "drafter block_size")
@@ -109,7 +107,8 @@ class DFlashConfig:
         """Check (and normalise) the architecture's own fields; one line per problem."""
 
     def options_to_hf(self) -> dict:
-        """The architecture's own fields as written under config.json's `dflash_config`."""
+        """The architecture's own fields as written under config.json's `dflash_config` (its
+        `training_options` excluded: `to_hf_config` drops them whatever this returns)."""
         return {}
 
     @classmethod
@@ -144,7 +143,7 @@ class DFlashConfig:
         }
         if self.context_dim != self.default_context_dim:
             dflash["context_dim"] = self.context_dim
-        dflash.update(self.options_to_hf())
+        dflash.update({k: v for k, v in self.options_to_hf().items() if k not in self.training_options})
         d = {
             "architectures": [self.architecture], "model_type": "qwen3",
             "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
@@ -376,190 +375,9 @@ def default_sampler(temperature: float = 0.0, generator: torch.Generator | None 
     return pick
 
 
-@dataclass(frozen=True)
-class DrafterArchitecture:
-    name: str                     # conf/drafter `architecture=<name>`
-    published: str                # config.json `architectures` of the backbone as published
-    # A DMTP export (the backbone fed by an injection that needs the target's MTP) is a different model:
-    # it is named apart, so no engine runs it as the published drafter it is not (vLLM would refuse its
-    # `dmtp_injection.*` tensors; a laxer loader would run it silently as raw DFlash). The tensors under
-    # the published names are unchanged.
-    dmtp_published: str
-    config: type[DFlashConfig]
-    module: type[DFlashDrafter]
-
-
-# Published architecture name -> its registration. Architectures register themselves (`register_drafter`)
-# when their module is imported; dmtp.models' __init__ imports every shipped one, so this module never
-# imports them.
-ARCHITECTURES: dict[str, DrafterArchitecture] = {}
-
-
-def register_drafter(*, name: str, published: str, dmtp_published: str, config: type[DFlashConfig]):
-    """Class decorator: the decorated drafter class builds `published` (config.json's `architectures`, or
-    `dmtp_published` for a DMTP export) and `architecture=<name>` of conf/drafter, from `config`."""
-    def register(cls: type[DFlashDrafter]) -> type[DFlashDrafter]:
-        taken = [a for a in ARCHITECTURES.values() if a.module is not cls and
-                 ({a.name, a.published, a.dmtp_published} & {name, published, dmtp_published})]
-        if taken:
-            raise ValueError(f"drafter architecture {name!r} ({published}) clashes with {taken[0].name!r}")
-        config.architecture = published
-        ARCHITECTURES[published] = DrafterArchitecture(name, published, dmtp_published, config, cls)
-        return cls
-    return register
-
-
-def architecture_named(name: str) -> DrafterArchitecture:
-    """The registration of conf/drafter's `architecture=<name>`, or one line listing the known ones."""
-    for arch in ARCHITECTURES.values():
-        if arch.name == name:
-            return arch
-    known = ", ".join(sorted(a.name for a in ARCHITECTURES.values()))
-    raise ValueError(f"drafter architecture must be one of {known}, got {name!r}")
-
-
-def backbone_architecture(name: str) -> str:
-    """The published backbone architecture of a config.json `architectures` entry (itself for those)."""
-    return next((a.published for a in ARCHITECTURES.values() if a.dmtp_published == name), name)
-
-
-def architecture_of_names(names: list[str]) -> DrafterArchitecture:
-    """The registration a config.json's `architectures` names (published or DMTP name); DFlash v1 for others."""
-    for name in names:
-        if backbone_architecture(name) in ARCHITECTURES:
-            return ARCHITECTURES[backbone_architecture(name)]
-    return ARCHITECTURES[DFLASH_ARCH]
-
-
-def drafter_class(config: DFlashConfig) -> type[DFlashDrafter]:
-    """The module class of a config's architecture."""
-    if config.architecture not in ARCHITECTURES:
-        raise ValueError(f"no drafter class is registered for architecture {config.architecture!r} "
-                         f"(registered: {', '.join(ARCHITECTURES)})")
-    return ARCHITECTURES[config.architecture].module
-
-
-def _owned_prefixes() -> tuple[str, ...]:
-    """Every registered architecture's tensor names: none of them may be an extra tensor."""
-    return tuple(dict.fromkeys(p for a in ARCHITECTURES.values() for p in a.module.tensor_prefixes))
-
-
-def _stored_aliases() -> dict[str, str]:
-    return {k: v for a in ARCHITECTURES.values() for k, v in a.module.stored_aliases.items()}
-
-
 register_drafter(name="dflash", published=DFLASH_ARCH, dmtp_published="DMTPDraftModel", config=DFlashConfig)(
     DFlashDrafter)
 
 
-def build_drafter_from_config(config: DFlashConfig) -> DFlashDrafter:
-    return drafter_class(config)(config)
-
-
-def save_drafter(path, drafter: DFlashDrafter, extra_tensors: dict[str, torch.Tensor] | None = None,
-                 extra_config: dict | None = None, dmtp_architecture: bool = False,
-                 state: dict[str, torch.Tensor] | None = None, dtype: torch.dtype | None = None) -> None:
-    """Writes `config.json` (published layout; `extra_config` under "dmtp") and `model.safetensors`
-    (drafter tensors under their published names, `extra_tensors` under their own keys).
-    `dmtp_architecture`: name the export by its DMTP architecture (`dmtp_published`), not the
-    backbone's published one. `state`: the drafter's full tensors when it holds shards (FSDP), else its
-    own; `dtype`: the floating tensors' precision on disk (None: as held), named in config.json."""
-    extra_tensors = extra_tensors or {}
-    bad = [k for k in extra_tensors if k.startswith(_owned_prefixes())]
-    if bad:
-        raise ValueError(f"extra tensor key {bad[0]!r} collides with drafter names {_owned_prefixes()}; prefix it")
-    state = drafter.state_dict() if state is None else state
-    tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
-    tensors.update({k: v.detach().cpu().contiguous() for k, v in extra_tensors.items()})
-    require_finite(tensors, f"refusing to export the drafter to {path}")
-    tensors = cast_floats(tensors, dtype)
-    os.makedirs(path, exist_ok=True)
-    cfg = drafter.config.to_hf_config()
-    floats = {t.dtype for t in tensors.values() if t.is_floating_point()}
-    if len(floats) == 1:   # what engines read to pick the drafter's precision
-        cfg["torch_dtype"] = str(floats.pop()).removeprefix("torch.")
-    if dmtp_architecture:
-        cfg["architectures"] = [ARCHITECTURES[drafter.config.architecture].dmtp_published]
-    if extra_config is not None:
-        cfg["dmtp"] = extra_config
-    # Each file replaced whole (a kill leaves the previous export's file); the weights first, so that a
-    # directory gains its config.json only once its weights are there.
-    save_safetensors(os.path.join(path, WEIGHTS_NAME), tensors, metadata={"format": "pt"})
-    write_json(os.path.join(path, CONFIG_NAME), cfg)
-
-
-def cast_floats(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
-    """Floating tensors in `dtype` (None: unchanged); integer ones as they are."""
-    if dtype is None:
-        return tensors
-    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
-
-
-def read_drafter_config(path) -> dict:
-    """A drafter directory's config.json, or one line naming the file when it is not JSON."""
-    cfg_path = os.path.join(os.fspath(path), CONFIG_NAME)
-    try:
-        with open(cfg_path) as f:
-            return json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{cfg_path} is not valid JSON ({getattr(e, 'msg', e)}); is it a drafter config.json?") from None
-
-
-def load_drafter(path, dtype: torch.dtype = torch.float32):
-    """Returns (drafter, extra_tensors, extra_config). config.json's `architectures` picks the class
-    (a registered architecture's published or DMTP name; anything else loads as DFlash v1). Strict on drafter tensors:
-    a missing, unexpected (under fc./hidden_norm./norm./layers./candidate_selector.) or mis-shaped tensor
-    raises ValueError. Other keys are extras. Checkpoints written by the reference package's classes load
-    too (their codebook names carry `.weight`)."""
-    path = os.fspath(path)
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"drafter directory not found: {path}")
-    cfg_path, w_path = os.path.join(path, CONFIG_NAME), os.path.join(path, WEIGHTS_NAME)
-    for p in (cfg_path, w_path):
-        if not os.path.isfile(p):
-            raise FileNotFoundError(f"drafter file not found: {p}")
-    raw = read_drafter_config(path)
-    check_raw_drafter_config(raw, cfg_path)
-    try:
-        config = DFlashConfig.from_hf_config(raw)
-    except (ValueError, TypeError, KeyError) as e:   # a field of the wrong kind or out of range
-        raise ValueError(f"{cfg_path}: {e}") from None
-    check_mask_token(config.mask_token_id, config.vocab_size, cfg_path)
-    with torch.device("meta"):
-        drafter = drafter_class(config)(config)
-    expected = {k: v.shape for k, v in drafter.state_dict().items()}
-    state, extras = {}, {}
-    aliases, owned = _stored_aliases(), _owned_prefixes()
-    try:
-        weights = safe_open(w_path, framework="pt")
-    except SafetensorError as e:
-        raise unreadable(w_path, e) from None
-    with weights as f:
-        keys = list(f.keys())
-        for stored in keys:
-            k = aliases.get(stored, stored)
-            if k in expected:
-                if k in state:
-                    raise ValueError(f"{w_path}: tensor {k} is stored twice (also as {stored})")
-                t = f.get_tensor(stored)
-                if tuple(t.shape) != tuple(expected[k]):
-                    raise ValueError(f"{w_path}: tensor {k} has shape {tuple(t.shape)}, expected {tuple(expected[k])}")
-                state[k] = t.to(dtype)
-            elif k.startswith(owned):
-                raise ValueError(f"{w_path}: unexpected drafter tensor {k}")
-            else:
-                extras[k] = f.get_tensor(stored)
-    require_finite({**state, **extras}, f"drafter {w_path}")
-    missing = [k for k in expected if k not in state]
-    if missing:
-        raise ValueError(f"{w_path}: missing drafter tensor {missing[0]} ({len(missing)} missing in all)")
-    drafter.load_state_dict(state, strict=True, assign=True)
-    return drafter, extras, raw.get("dmtp") or {}
-
-
-__all__ = ["BLOCK_SIZE_RANGE", "require_block_size",
-           "DFlashConfig", "DFlashDrafter", "DFlashLayer", "DFLASH_ARCH", "ARCHITECTURES", "DrafterArchitecture",
-           "architecture_named", "architecture_of_names", "backbone_architecture", "build_target_layer_ids",
-           "dflash_attention_mask", "register_drafter", "drafter_class", "build_drafter_from_config", "save_drafter",
-           "load_drafter",
-           "read_drafter_config"]
+__all__ = ["BLOCK_SIZE_RANGE", "require_block_size", "DFlashConfig", "DFlashDrafter", "DFlashLayer", "DFLASH_ARCH",
+           "FULL", "SLIDING", "build_target_layer_ids", "default_sampler", "dflash_attention_mask"]

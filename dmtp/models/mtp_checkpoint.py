@@ -1,4 +1,6 @@
-"""Strict loading of a target's native MTP layer from its own safetensors.
+"""A target checkpoint's native MTP tensors: where they are, what they are called, how they are read
+(dequantised, checked), and the tuned copy saved beside a drafter. Knows no family: the MTP is built and
+loaded by `dmtp.families.mtp_loading.load_native_mtp`, which reads these.
 
 Layouts (see shared/reference/mtp.md):
 - `mtp.*`: Qwen3-Next / Qwen3.5 / Qwen3.6 naming (also the embedded tiny target, with a Qwen3 block):
@@ -21,8 +23,6 @@ from __future__ import annotations
 
 import json
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,10 +30,8 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from dmtp.atomic_io import save_safetensors
-from dmtp.models import mtp_families
-from dmtp.models.mtp import MTPSpec, NativeMTP, Qwen3MTPBlock
+from dmtp.models.mtp import NativeMTP
 from dmtp.models.mtp_errors import MTPLoadError
-from dmtp.models.rope_config import rope_theta
 from dmtp.models.safe_weights import require_finite, unreadable
 
 # An MTP's tensors in a file of their own, under the target checkpoint's names (`mtp.*`, ...): in a
@@ -43,33 +41,6 @@ from dmtp.models.safe_weights import require_finite, unreadable
 # with it (model.train_mtp).
 MTP_FILE_NAME = "mtp.safetensors"
 TUNED_MTP_NAME = MTP_FILE_NAME
-
-
-@dataclass(frozen=True)
-class MTPFamily:
-    """How one model family's MTP is built: its spec from the text config and its decoder block.
-
-    `block(spec, cfg)`, or `block(spec, cfg, keys=...)` when the factory has a `keys` parameter: then it
-    also receives the checkpoint's block tensor names (relative to `layers.0.`) to pick its layout."""
-
-    spec: Callable[[dict], MTPSpec]
-    block: Callable[..., nn.Module]
-
-
-def _qwen3_spec(cfg: dict) -> MTPSpec:
-    return MTPSpec(family="qwen3", hidden_size=cfg["hidden_size"], num_attention_heads=cfg["num_attention_heads"],
-                   num_key_value_heads=cfg.get("num_key_value_heads", cfg["num_attention_heads"]),
-                   head_dim=cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
-                   intermediate_size=cfg["intermediate_size"], rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-                   rope_theta=rope_theta(cfg), attention_bias=cfg.get("attention_bias", False))
-
-
-# model_type -> family. Other families register here (see dmtp/models/mtp_families.py).
-MTP_FAMILIES: dict[str, MTPFamily] = {
-    "qwen3": MTPFamily(spec=_qwen3_spec, block=lambda spec, cfg: Qwen3MTPBlock(spec)),
-    # Qwen3-Next / Qwen3.5 / Qwen3.6, DeepSeek-V3, GLM-4-MoE.
-    **{model_type: MTPFamily(spec=spec, block=block) for model_type, (spec, block) in mtp_families.FAMILIES.items()},
-}
 
 
 def text_config(config: dict) -> dict:
@@ -165,7 +136,7 @@ def mtp_tensor_names(keys: list[str], cfg: dict) -> tuple[str, dict[str, str]]:
     return "none", {}
 
 
-def _dequantize_fp8(weight: torch.Tensor, scale_inv: torch.Tensor, block: int | tuple[int, int] = 128) -> torch.Tensor:
+def dequantize_fp8(weight: torch.Tensor, scale_inv: torch.Tensor, block: int | tuple[int, int] = 128) -> torch.Tensor:
     """DeepSeek-V3 FP8 block quantisation: weight * scale_inv per block (128x128 in the releases; the
     config's `quantization_config.weight_block_size` when given). Ragged edge blocks are cropped."""
     rows, cols = weight.shape
@@ -177,17 +148,17 @@ def _dequantize_fp8(weight: torch.Tensor, scale_inv: torch.Tensor, block: int | 
     return weight.float() * scale
 
 
-_FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
                     if hasattr(torch, n))
 
 
-def _block_keys(names: dict[str, str]) -> list[str]:
+def block_keys(names: dict[str, str]) -> list[str]:
     """The block's tensor names (relative to `layers.0.`), FP8 scales excluded."""
     return sorted(n[len("layers.0."):] for k, n in names.items()
                   if n.startswith("layers.0.") and not k.endswith(".weight_scale_inv"))
 
 
-def _checkpoint_mtp(root: Path):
+def read_checkpoint_mtp(root: Path):
     """-> (config, text config, index, layout, {checkpoint key: NativeMTP parameter name})."""
     if not root.is_dir():
         raise FileNotFoundError(f"checkpoint directory not found: {root}")
@@ -204,7 +175,7 @@ def _checkpoint_mtp(root: Path):
     return config, cfg, index, layout, names
 
 
-def _dense_names(names: dict[str, str]) -> dict[str, str]:
+def dense_names(names: dict[str, str]) -> dict[str, str]:
     """The checkpoint keys a tuned file carries: every MTP tensor but FP8 scales (saved dequantised)."""
     return {k: n for k, n in names.items() if not k.endswith(".weight_scale_inv")}
 
@@ -214,11 +185,11 @@ def save_tuned_mtp(directory: str | Path, mtp: NativeMTP, target_path: str | Pat
     """Write `mtp`'s tensors to `<directory>/mtp.safetensors` under `target_path`'s own checkpoint names
     (`mtp.*`, or `model.layers.{L}.*` for DeepSeek-V3 / GLM); the target checkpoint is untouched. `state`:
     its full tensors when it holds shards (FSDP); `dtype`: their precision on disk (None: as held)."""
-    *_, layout, names = _checkpoint_mtp(Path(target_path))
+    *_, layout, names = read_checkpoint_mtp(Path(target_path))
     if layout == "none":
         raise MTPLoadError(f"checkpoint {target_path} has no MTP layer to name the tuned tensors after")
     state = mtp.state_dict() if state is None else state
-    tensors = {key: state[name].detach().cpu().contiguous() for key, name in _dense_names(names).items()}
+    tensors = {key: state[name].detach().cpu().contiguous() for key, name in dense_names(names).items()}
     if dtype is not None:
         tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
     out = Path(directory) / TUNED_MTP_NAME
@@ -228,11 +199,11 @@ def save_tuned_mtp(directory: str | Path, mtp: NativeMTP, target_path: str | Pat
     return out
 
 
-def _read_tuned(tuned: Path, names: dict[str, str], root: Path) -> dict[str, torch.Tensor]:
+def read_tuned(tuned: Path, names: dict[str, str], root: Path) -> dict[str, torch.Tensor]:
     """A tuned MTP file's tensors: exactly the checkpoint's MTP keys (strict both ways), all finite."""
     if not tuned.is_file():
         raise FileNotFoundError(f"tuned MTP file not found: {tuned}")
-    wanted = set(_dense_names(names))
+    wanted = set(dense_names(names))
     try:
         with safe_open(str(tuned), "pt") as f:
             keys = set(f.keys())
@@ -249,68 +220,5 @@ def _read_tuned(tuned: Path, names: dict[str, str], root: Path) -> dict[str, tor
     return tensors
 
 
-def load_native_mtp(path: str | Path, embed_tokens: nn.Embedding, lm_head: nn.Module,
-                    dtype: torch.dtype | None = None, device=None, tuned: str | Path | None = None) -> NativeMTP:
-    """Build the checkpoint's MTP and load its tensors strictly, sharing the target's embedding/head.
-    `tuned`: a `mtp.safetensors` written by `save_tuned_mtp` for this checkpoint: its tensors replace
-    the checkpoint's (same names, same shapes, every one of them)."""
-    root = Path(path)
-    config, cfg, index, layout, names = _checkpoint_mtp(root)
-    model_type = cfg.get("model_type") or config.get("model_type", "?")
-    if layout == "none":
-        declared = num_mtp_layers(cfg)
-        raise MTPLoadError(f"checkpoint {root} has no MTP layer: no 'mtp.*' or 'model.layers.{cfg.get('num_hidden_layers')}.*'"
-                           f" tensors (config declares {declared} MTP layer(s)); use a variant that does not need MTP")
-    if num_mtp_layers(cfg) > 1:
-        raise MTPLoadError(f"{root}: {num_mtp_layers(cfg)} MTP layers declared; dmtp drives exactly one")
-    family = MTP_FAMILIES.get(model_type)
-    if family is None:
-        raise MTPLoadError(f"MTP of model_type {model_type!r} is not supported (supported: {', '.join(sorted(MTP_FAMILIES))})")
-    spec = family.spec(cfg)
-    if mtp_families.block_accepts_keys(family.block):
-        block = family.block(spec, cfg, keys=_block_keys(names))
-    else:
-        block = family.block(spec, cfg)
-    mtp = NativeMTP(spec, embed_tokens, lm_head, block=block)
-    expected = mtp.state_dict()
-
-    # FP8 checkpoints carry `<name>.weight_scale_inv` next to a quantised `<name>.weight`.
-    scales = {k[: -len("_scale_inv")]: k for k in names if k.endswith(".weight_scale_inv")}
-    for weight_key, scale_key in scales.items():
-        if weight_key not in names:
-            raise MTPLoadError(f"FP8 scale {scale_key!r} in {root} has no weight {weight_key!r}")
-    block_size = (config.get("quantization_config") or {}).get("weight_block_size") or [128, 128]
-    tuned_tensors = _read_tuned(Path(tuned), names, root) if tuned is not None else None
-    loaded = {}
-    for key, name in names.items():
-        if key.endswith(".weight_scale_inv"):
-            continue
-        if name not in expected:
-            raise MTPLoadError(f"unexpected MTP tensor {key!r} in {root} (no parameter {name!r} in the {model_type} MTP)")
-        if tuned_tensors is not None:
-            tensor = tuned_tensors[key]
-            if list(tensor.shape) != list(expected[name].shape):
-                raise MTPLoadError(f"shape mismatch for MTP tensor {key!r} in {tuned}: {list(tensor.shape)}, "
-                                   f"expected {list(expected[name].shape)}")
-            loaded[name] = tensor
-            continue
-        tensor = index.get(key)
-        if key in scales:
-            tensor = _dequantize_fp8(tensor, index.get(scales[key]), tuple(block_size))
-        elif tensor.dtype in _FP8_DTYPES:
-            raise MTPLoadError(f"FP8 MTP tensor {key!r} in {root} has no '{key}_scale_inv' to dequantise it")
-        if list(tensor.shape) != list(expected[name].shape):
-            raise MTPLoadError(f"shape mismatch for MTP tensor {key!r}: checkpoint {list(tensor.shape)}, "
-                               f"expected {list(expected[name].shape)}")
-        loaded[name] = tensor
-    missing = sorted(set(expected) - set(loaded))
-    if missing:
-        prefix = "mtp." if layout == "mtp" else f"model.layers.{cfg.get('num_hidden_layers')}."
-        raise MTPLoadError(f"checkpoint {root} is missing MTP tensor(s): {', '.join(prefix + m for m in missing[:5])}"
-                           + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
-    mtp.load_state_dict(loaded, strict=True)
-    target_param = embed_tokens.weight
-    mtp = mtp.to(dtype=dtype or target_param.dtype, device=device or target_param.device)
-    return mtp.eval().requires_grad_(False)
-
-
+__all__ = ["MTP_FILE_NAME", "TUNED_MTP_NAME", "CheckpointIndex", "FP8_DTYPES", "block_keys", "dequantize_fp8",
+           "mtp_tensor_names", "num_mtp_layers", "read_checkpoint_mtp", "read_tuned", "save_tuned_mtp", "text_config"]

@@ -23,14 +23,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from dmtp.drafters.checkpoint import load_drafter, read_drafter_config, save_drafter
+from dmtp.drafters.dflash import DFlashConfig, DFlashDrafter, require_block_size
+from dmtp.drafters.factory import build_drafter, target_layer_ids_for
+from dmtp.drafters.fit import require_block_fit, require_context_width
 from dmtp.injection import Injection, variant_of
 from dmtp.injection.catalogue import CATALOGUE, make_injection, variant
-from dmtp.models.drafter import (DFlashConfig, DFlashDrafter, load_drafter, read_drafter_config, require_block_size,
-                                 save_drafter)
-from dmtp.models.drafter_factory import build_drafter, target_layer_ids_for
-from dmtp.models.drafter_fit import require_block_fit, require_context_width
 from dmtp.models.model_card import write_card
-from dmtp.models.mtp_loading import TUNED_MTP_NAME, save_tuned_mtp
+from dmtp.models.mtp_checkpoint import TUNED_MTP_NAME, save_tuned_mtp
 from dmtp.models.provenance import target_provenance
 
 INJECTION_PREFIX = "dmtp_injection."
@@ -248,7 +248,7 @@ def build_block_drafter(target, injection, mask_token_id: int, target_layer_ids:
     variant name, or a factory taking (hidden_size, num_target_features, mask_token_id, block_size) such
     as Hydra's partial of conf/injection/<name>.yaml. The tapped layers and the block width are resolved
     first, so the injection knows its context width and slots before the backbone's fc is sized to it.
-    `backbone_options`: those of `dmtp.models.drafter_factory.build_drafter` (depth, architecture,
+    `backbone_options`: those of `dmtp.drafters.factory.build_drafter` (depth, architecture,
     block_size, DFlash2 options, ...)."""
     layer_ids = target_layer_ids_for(target, target_layer_ids, num_target_features)
     block_size = require_block_size(backbone_options.get("block_size", DFlashConfig.block_size), "drafter.block_size")

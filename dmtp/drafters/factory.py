@@ -1,8 +1,9 @@
 """Build a fresh drafter backbone of any registered architecture sized to a target
-(`dmtp.block_drafter.build_block_drafter` pairs it with its injection; conf/drafter/*.yaml configure both)."""
+(`dmtp.drafters.block_drafter.build_block_drafter` pairs it with its injection; conf/drafter/*.yaml configure both)."""
 from __future__ import annotations
 
-from dmtp.models.drafter import architecture_named, build_drafter_from_config, build_target_layer_ids, DFlashDrafter
+from dmtp.drafters.dflash import DFlashDrafter, build_target_layer_ids
+from dmtp.drafters.registry import architecture_named, build_drafter_from_config
 from dmtp.models.rope_config import rope_theta
 
 
@@ -22,7 +23,7 @@ def build_drafter(target, context_dim: int, mask_token_id: int, num_layers: int 
                   architecture: str = "dflash", output_multiplier: float = 1.0, final_logit_softcapping: float = 0.0,
                   init_from_target_layers: bool = False, **architecture_options) -> DFlashDrafter:
     """Same width and heads as the target (its embedding and LM head are reused); `num_layers` deep.
-    `architecture`: a registered drafter architecture's name (dmtp.models.drafter.ARCHITECTURES);
+    `architecture`: a registered drafter architecture's name (dmtp.drafters.registry.ARCHITECTURES);
     `architecture_options`: its own config fields (e.g. DFlash2's conv_*/selector_*), which its config
     class checks. `init_from_target_layers`: start each draft layer from one of the target's last
     `num_layers` decoder layers (same names and shapes; the context path starts fresh)."""

@@ -1,6 +1,6 @@
 """DFlash2 block drafter: DFlash plus grouped dynamic causal convolutions and a candidate-path selector.
 
-Backbone, context path, masks, block layout and checkpoint format are DFlash's (`dmtp.models.drafter`);
+Backbone, context path, masks, block layout and checkpoint format are DFlash's (`dmtp.drafters.dflash`);
 this file is the whole architecture: its config fields, their checks and config.json keys (`DFlash2Config`),
 its modules, and its registration (`architecture=dflash2`, published as DFlash2DraftModel).
 DFlash2 adds two things (reference/dflash.md §4):
@@ -41,19 +41,22 @@ scattered back onto the full vocabulary, for rejection sampling.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dmtp.models.drafter import default_sampler, DFlashConfig, DFlashDrafter, DFlashLayer, register_drafter
+from dmtp.drafters.dflash import DFlashConfig, DFlashDrafter, DFlashLayer, default_sampler
+from dmtp.drafters.registry import register_drafter
 from dmtp.models.qwen3 import attend
 
 DFLASH2_ARCH = "DFlash2DraftModel"
 # The published config's fields (a published config must name each): conv taps and channels per group;
 # selector rank and top-K.
 SHAPE_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
-# Selector training (dmtp's own; written under dflash_config, absent from published configs: defaults then).
+# Selector training (dmtp's own training schedule: never written to an export; read from older dmtp exports
+# that carry it under dflash_config, else the defaults).
 TRAINING_KEYS = ("selector_alpha", "selector_warmup_steps", "selector_ramp_steps", "selector_gold_outside_topk")
 
 
@@ -68,6 +71,7 @@ class DFlash2Config(DFlashConfig):
     selector_warmup_steps: int = 0
     selector_ramp_steps: int = 0
     selector_gold_outside_topk: str = "replace"   # "replace" | "skip"
+    training_options: ClassVar[tuple[str, ...]] = TRAINING_KEYS
 
     def check_options(self) -> None:
         missing = [k for k in SHAPE_KEYS if getattr(self, k) is None]
@@ -94,7 +98,7 @@ class DFlash2Config(DFlashConfig):
                              f"got {self.selector_gold_outside_topk!r}")
 
     def options_to_hf(self) -> dict:
-        return {k: getattr(self, k) for k in (*SHAPE_KEYS, *TRAINING_KEYS)}
+        return {k: getattr(self, k) for k in SHAPE_KEYS}
 
     @classmethod
     def options_from_hf(cls, pick) -> dict:

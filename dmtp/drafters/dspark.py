@@ -1,6 +1,6 @@
 """DSpark block drafter: DFlash's block-parallel backbone plus a Markov head and a confidence head.
 
-Backbone, context path, masks, block layout and checkpoint format are DFlash's (`dmtp.models.drafter`);
+Backbone, context path, masks, block layout and checkpoint format are DFlash's (`dmtp.drafters.dflash`);
 this file is the whole architecture: its config fields and their checks (`DSparkConfig`), its heads, and
 its registration (`architecture=dspark`; published as vLLM's dense DSpark, `Qwen3DSparkModel`). Facts:
 reference/dspark.md (DeepSeek's report, vLLM 0.32's `qwen3_dspark.py` for the tensor names).
@@ -39,7 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dmtp.models.drafter import DFlashConfig, DFlashDrafter, default_sampler, register_drafter
+from dmtp.drafters.dflash import DFlashConfig, DFlashDrafter, default_sampler
+from dmtp.drafters.registry import register_drafter
 
 DSPARK_ARCH = "Qwen3DSparkModel"
 MARKOV_VARIANTS = ("vanilla", "gated", "rnn")
