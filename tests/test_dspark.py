@@ -414,3 +414,36 @@ def test_the_markov_chain_starts_at_t1_for_dmtp_and_at_a_for_raw_dflash(micro_ta
     assert walk[0].item() == (77 if first == "t1" else 11)
     drafted = block.candidates[0, 0, -n:]
     assert [s.item() for s in walk[1:]] == drafted[:-1].tolist()
+
+
+@pytest.mark.parametrize("architecture", ["dspark", "dflash2"])
+def test_multi_step_mtp_tokens_enter_the_sequential_chain(micro_target, architecture):
+    """multi_mtp_zero_init with m = 3: candidates 2..3 are the MTP's T2, T3, so the drafter's chain (DSpark's
+    Markov head, DFlash2's selector path) walks T1 -> T2 -> T3 -> its own, as training's gold path does."""
+    from dmtp.block_drafter import MTPBlockInputs
+
+    backbone = ({"architecture": "dspark", "markov_rank": 8} if architecture == "dspark" else
+                {"architecture": "dflash2", "selector_rank": 4, "selector_top_k": 4, "conv_group_size": 16})
+    drafter = fresh_drafter_for(micro_target, "multi_mtp_zero_init", 3, perturb=0.05, backbone=backbone)
+    seen = []
+    if architecture == "dspark":
+        head = drafter.backbone.markov_head
+        original = head.step
+        head.step = lambda prev, hidden, state: (seen.append(prev.clone()), original(prev, hidden, state))[1]
+    else:
+        sel = drafter.backbone.candidate_selector
+        original = sel.scores
+        sel.scores = lambda u, c, prev, q: (seen.append(prev.clone()), original(u, c, prev, q))[1]
+    h = micro_target.config.hidden_size
+    steps = drafter.injection.mtp_steps
+    t = torch.tensor([[[70, 71, 72][:steps]]])
+    mtp = MTPBlockInputs(t, torch.randn(1, 1, steps, h), torch.tensor([[3]]))
+    ctx = torch.randn(1, 6, drafter.injection.context_dim)
+    positions = torch.arange(6)[None]
+    block = drafter.draft_block(micro_target.embed_tokens.weight, torch.tensor([[11]]), torch.tensor([[6]]),
+                                drafter.context_kv(drafter.project_context(ctx), positions), positions, mtp,
+                                lm_head_weight=micro_target.lm_head.weight)
+    walk = [s.item() for s in seen[:drafter.injection.num_drafter_candidates]]
+    assert walk[:3] == [70, 71, 72]
+    assert block.candidates[0, 0, :3].tolist() == [70, 71, 72]
+    assert walk[3:] == block.candidates[0, 0, 3:-1].tolist()

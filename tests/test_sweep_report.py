@@ -55,3 +55,23 @@ def test_aggregate_by_hand(tmp_path):
     out = aggregate(tmp_path, tmp_path / "report")
     assert detail in (out / "results.md").read_text()
     assert (out / "acceptance_length.png").exists() and (out / "p_len_ge_code.png").exists()
+
+
+def test_a_loss_or_markov_head_override_is_another_method_not_another_seed(tmp_path):
+    """Jobs that differ in model.loss (or DSpark's drafter.markov_head_type) are rows of their own; the default
+    value keeps the plain name, so the existing tables are unchanged."""
+    jobs = [("raw_dflash", "ce", None, 2.0), ("raw_dflash", "tv", None, 1.5),
+            ("raw_dflash+dspark", "ce", "rnn", 3.0), ("raw_dflash+dspark", "ce", "vanilla", 2.5)]
+    for i, (method, loss, head, tau) in enumerate(jobs):
+        job = tmp_path / str(i)
+        (job / ".hydra").mkdir(parents=True)
+        overrides = [f"injection={method.split('+')[0]}", "seed=0", f"model.loss={loss}"]
+        if head:
+            overrides.append(f"drafter.markov_head_type={head}")
+        (job / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+        (job / "metrics.json").write_text(json.dumps({"method": method, "code": {"tau": tau}}))
+    assert [r["method"] for r in collect(tmp_path)] == ["raw_dflash", "raw_dflash [loss=tv]",
+                                                        "raw_dflash+dspark [markov_head_type=rnn]", "raw_dflash+dspark"]
+    table = markdown_table(collect(tmp_path))
+    assert "| raw_dflash [loss=tv] | [A, MASK x7] | 1.500 |" in table
+    assert "| raw_dflash+dspark [markov_head_type=rnn] | DSpark [A, MASK x7] | 3.000 |" in table

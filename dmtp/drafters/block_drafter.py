@@ -155,7 +155,8 @@ class BlockDrafter(nn.Module):
         tokens = None if mtp is None else mtp.tokens
         out = DraftedBlock(hidden, inj.previous_token(anchor_tokens, tokens))
         if lm_head_weight is not None:
-            drafted, q = self.propose(hidden, lm_head_weight, out.previous, sampler=sampler)
+            drafted, q = self.propose(hidden, lm_head_weight, out.previous, sampler=sampler,
+                                      forced=self._mtp_drafted_slots(mtp))
             num = None if mtp is None else mtp.num
             out.candidates = inj.merge_candidates(tokens, drafted, num)
             if q is not None:
@@ -166,6 +167,21 @@ class BlockDrafter(nn.Module):
                 out.confidence = inj.merge_candidates(None if mtp is None else torch.ones_like(tokens, dtype=conf.dtype),
                                                       conf, num)
         return out
+
+    def _mtp_drafted_slots(self, mtp: MTPBlockInputs | None):
+        """(tokens, use) [B, N, n_pred]: the predicted slots whose candidate is the MTP's (j <= m, the multi-step
+        variant) and its token there, so that a proposal sequential in the previous token (DSpark's Markov head,
+        DFlash2's selector) walks through the tokens the block really holds, as training's teacher-forced path
+        does. None when no predicted slot can hold an MTP token (every variant but the multi-step one)."""
+        inj = self.injection
+        n = inj.num_drafter_candidates
+        fixed = inj.num_candidates - n                       # candidates that always come from the MTP
+        if mtp is None or mtp.tokens.shape[-1] <= fixed:
+            return None
+        index = torch.arange(fixed, fixed + n, device=mtp.tokens.device)   # candidate j = index + 1
+        steps = mtp.tokens.shape[-1]
+        tokens = mtp.tokens.gather(-1, index.clamp(max=steps - 1).expand(*mtp.tokens.shape[:-1], n))
+        return tokens, (index + 1) <= mtp.num[..., None]
 
     # -- the backbone's operations, with the injection's context path in front ---------------------
     def embed(self, ids: torch.Tensor, embed_weight: torch.Tensor) -> torch.Tensor:

@@ -354,9 +354,11 @@ class DFlashDrafter(nn.Module):
         return None
 
     def propose(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor, first_prev: torch.Tensor,
-                temperature: float = 0.0, generator: torch.Generator | None = None, sampler=None):
+                temperature: float = 0.0, generator: torch.Generator | None = None, sampler=None, forced=None):
         """Candidates for the predicted slots: hidden [..., n, H], first_prev [...] (the token just before
-        the first predicted slot) -> (tokens [..., n], q [..., n, V] or None).
+        the first predicted slot) -> (tokens [..., n], q [..., n, V] or None). `forced`: None or (tokens,
+        use) [..., n], slots whose candidate is fixed already (the MTP's): a proposal sequential in the
+        previous token takes them as it walks; DFlash's slots do not depend on each other, so it ignores them.
 
         `sampler(scores [..., C]) -> (index [...], probs [..., C] or None)` picks among C scored options
         (the decoding loop passes its graph-safe sampler with the run's temperature/top-k/top-p);

@@ -292,7 +292,8 @@ class DFlash2Drafter(DFlashDrafter):
         w = weights.float()
         return alpha * (ce * w * live).sum() / w.sum().clamp(min=1e-6)
 
-    def propose(self, hidden, lm_head_weight, first_prev, temperature=0.0, generator=None, sampler=None):
+    def propose(self, hidden, lm_head_weight, first_prev, temperature=0.0, generator=None, sampler=None,
+                forced=None):
         """Sequential selector path over the top-K candidates (see module docstring). hidden [..., n, H],
         first_prev [...] -> (tokens [..., n], q [..., n, V] fp32 or None when greedy). `sampler` as in
         DFlashDrafter.propose, applied to the K selector scores of each position in turn."""
@@ -309,6 +310,8 @@ class DFlash2Drafter(DFlashDrafter):
                 full = torch.zeros(*p.shape[:-1], self.config.vocab_size, dtype=p.dtype, device=p.device)
                 qs.append(full.scatter(-1, cand[..., i, :], p))
             prev = cand[..., i, :].gather(-1, pick[..., None]).squeeze(-1)
+            if forced is not None:   # the block holds the MTP's token here: the path goes through it
+                prev = torch.where(forced[1][..., i], forced[0][..., i], prev)
             tokens.append(prev)
         q = torch.stack(qs, dim=-2) if qs else None
         return torch.stack(tokens, dim=-1), q

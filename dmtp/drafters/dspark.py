@@ -206,10 +206,12 @@ class DSparkDrafter(DFlashDrafter):
         return self.config.confidence_loss_weight * (bce * w).sum() / w.sum().clamp(min=1e-6)
 
     # -- decoding: sequential in the previous token --------------------------------------------------------
-    def propose(self, hidden, lm_head_weight, first_prev, temperature=0.0, generator=None, sampler=None):
+    def propose(self, hidden, lm_head_weight, first_prev, temperature=0.0, generator=None, sampler=None,
+                forced=None):
         """Slot by slot: scores = backbone logits + Markov bias of the token just proposed; `sampler`
         picks (see DFlashDrafter.propose). hidden [..., n, H], first_prev [...] -> (tokens [..., n],
-        q [..., n, V] or None): q[i] is the distribution candidate i was drawn from given candidates < i."""
+        q [..., n, V] or None): q[i] is the distribution candidate i was drawn from given candidates < i.
+        `forced` slots (the MTP's tokens of the multi-step variant) enter the chain as they are."""
         sampler = sampler or default_sampler(temperature, generator)
         base = self.logits(hidden, lm_head_weight)
         prev, state = first_prev, None
@@ -219,6 +221,8 @@ class DSparkDrafter(DFlashDrafter):
             pick, p = sampler(base[..., i, :] + bias.to(base.dtype))
             if p is not None:
                 qs.append(p)
+            if forced is not None:   # the block holds the MTP's token here: the chain goes through it
+                pick = torch.where(forced[1][..., i], forced[0][..., i], pick)
             prev = pick
             tokens.append(pick)
         return torch.stack(tokens, dim=-1), (torch.stack(qs, dim=-2) if qs else None)

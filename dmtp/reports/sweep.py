@@ -27,6 +27,15 @@ INTERFACES = {
 }
 
 
+# Overrides that make another method of the same variant and drafter (not another seed of it): the row's
+# method gets "[loss=tv]", "[markov_head_type=rnn]" when a job's overrides set them to other than their default.
+METHOD_OPTIONS = {"model.loss": "ce", "drafter.markov_head_type": "vanilla"}
+
+
+def _interface(method: str) -> str:
+    return INTERFACES.get(method.split(" [")[0], "")
+
+
 def _flatten(d: dict, prefix: str = "") -> dict:
     out = {}
     for k, v in d.items():
@@ -50,6 +59,9 @@ def collect(sweep_dir: str | Path) -> list[dict]:
                 row[key] = value
         row.update(_flatten(json.loads(metrics.read_text())))
         row.setdefault("method", row.get("injection", "?"))
+        for key, default in METHOD_OPTIONS.items():
+            if row.get(key, default) != default:
+                row["method"] += f" [{key.split('.')[-1]}={row[key]}]"
         rows.append(row)
     return rows
 
@@ -85,11 +97,13 @@ def _cell(stats: tuple[float, float, int] | None, fmt: str = "{:.3f}") -> str:
 def markdown_table(rows: list[dict]) -> str:
     loads = workloads(rows)
     taus = {w: summarise(rows, f"{w}/tau") for w in loads}
-    methods = sorted({m for t in taus.values() for m in t}, key=lambda m: list(INTERFACES).index(m) if m in INTERFACES else 99)
+    order = list(INTERFACES)
+    methods = sorted({m for t in taus.values() for m in t},
+                     key=lambda m: (order.index(m.split(" [")[0]) if m.split(" [")[0] in order else 99, m))
     head = ["variant", "interface"] + [f"tau {w}" for w in loads] + ["vs token-only", "vs raw DFlash"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for m in methods:
-        cells = [m, INTERFACES.get(m, "")]
+        cells = [m, _interface(m)]
         for w in loads:
             cells.append(_cell(taus[w].get(m, (float("nan"), 0.0, 0))))
         for ref in (SINGLE_ANCHOR, BASELINE):
