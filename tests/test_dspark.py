@@ -420,7 +420,7 @@ def test_the_markov_chain_starts_at_t1_for_dmtp_and_at_a_for_raw_dflash(micro_ta
 def test_multi_step_mtp_tokens_enter_the_sequential_chain(micro_target, architecture):
     """multi_mtp_zero_init with m = 3: candidates 2..3 are the MTP's T2, T3, so the drafter's chain (DSpark's
     Markov head, DFlash2's selector path) walks T1 -> T2 -> T3 -> its own, as training's gold path does."""
-    from dmtp.block_drafter import MTPBlockInputs
+    from dmtp.drafters.block_drafter import MTPBlockInputs
 
     backbone = ({"architecture": "dspark", "markov_rank": 8} if architecture == "dspark" else
                 {"architecture": "dflash2", "selector_rank": 4, "selector_top_k": 4, "conv_group_size": 16})
