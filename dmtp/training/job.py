@@ -152,22 +152,32 @@ def train(cfg: DictConfig, callbacks=(), overrides: list[str] | None = None) -> 
     target, tokenizer, data, module = build_components(cfg)
     if saved_shapes is not None:
         check_checkpoint_fits(ckpt_path, saved_shapes, module)
-    configured = _instantiate_dict(cfg.get("callbacks")) + list(callbacks)
-    configured += [cls() for cls in ALWAYS_ON_CALLBACKS if not any(isinstance(c, cls) for c in configured)]
-    configured.append(RecordRunConfig(cfg))
-    bar = {}
-    if cfg.trainer.get("enable_progress_bar", True) and not any(isinstance(c, ProgressBar) for c in configured):
-        if stdout_is_terminal():
-            configured.append(step_progress_bar())   # counts steps: Lightning's own reads "Epoch 0/-2" here
-        else:   # a log file: lines every log_every_n_steps and the walk's table, no bar
-            configured.append(ProgressLines(cfg.trainer.get("log_every_n_steps") or 50,
-                                            table=lambda tr: _walk_table_now(cfg, module, tr)))
-            bar = {"enable_progress_bar": False}
+    configured, bar = _callbacks(cfg, module, callbacks)
     trainer = instantiate(cfg.trainer, callbacks=configured, logger=_instantiate_dict(cfg.get("logger")) or False,
                           plugins=[checkpoint_io_for(cfg.get("checkpoint_writes") or "auto", trainer_uses_cuda(cfg.trainer))],
                           **bar)
     trainer.fit(module, datamodule=data, ckpt_path=ckpt_path, weights_only=True)
+    return _export_and_report(cfg, trainer, module, target, tokenizer, output_dir, dtype)
 
+
+def _callbacks(cfg: DictConfig, module, extra) -> tuple[list, dict]:
+    """The run's callbacks (configured, the caller's, the safety rules, the config record, the progress display)
+    and the Trainer options that go with them."""
+    configured = _instantiate_dict(cfg.get("callbacks")) + list(extra)
+    configured += [cls() for cls in ALWAYS_ON_CALLBACKS if not any(isinstance(c, cls) for c in configured)]
+    configured.append(RecordRunConfig(cfg))
+    if not cfg.trainer.get("enable_progress_bar", True) or any(isinstance(c, ProgressBar) for c in configured):
+        return configured, {}
+    if stdout_is_terminal():
+        return configured + [step_progress_bar()], {}   # counts steps: Lightning's own reads "Epoch 0/-2" here
+    # A log file: lines every log_every_n_steps and the walk's table, no bar.
+    lines = ProgressLines(cfg.trainer.get("log_every_n_steps") or 50, table=lambda tr: _walk_table_now(cfg, module, tr))
+    return configured + [lines], {"enable_progress_bar": False}
+
+
+def _export_and_report(cfg: DictConfig, trainer, module, target, tokenizer, output_dir: Path, dtype) -> dict:
+    """After fit: the drafter exported by rank 0 (gathered whole under FSDP), the metrics files, the decode
+    evaluation when asked, and the run-end lines and table."""
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
     summary = {"injection": module.drafter.variant, "drafter_arch": module.drafter.config.architecture,
                "global_step": trainer.global_step,
