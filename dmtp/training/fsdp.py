@@ -28,9 +28,6 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-FSDP_STRATEGY_NAME = "fsdp"
-
-
 def is_sharded(module: nn.Module) -> bool:
     """Whether `module` holds FSDP-sharded parameters."""
     return any(isinstance(p, DTensor) for p in module.parameters())
@@ -62,16 +59,16 @@ def gathered(module: nn.Module):
         module.reshard()
 
 
-def full_state(module: nn.Module, skip: tuple[str, ...] = (), to_cpu: bool = True) -> dict[str, torch.Tensor]:
-    """`module.state_dict()` with every sharded tensor gathered whole (a collective: every rank calls it, each
-    gets the full tensors), keys starting with `skip` left out (never gathered)."""
+def full_state(module: nn.Module, skip: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """`module.state_dict()` on the host with every sharded tensor gathered whole (a collective: every rank
+    calls it, each gets the full tensors), keys starting with `skip` left out (never gathered)."""
     out = {}
     for key, value in module.state_dict().items():
         if key.startswith(skip):
             continue
         if isinstance(value, DTensor):
             value = value.full_tensor()
-        out[key] = value.detach().cpu() if to_cpu else value.detach()
+        out[key] = value.detach().cpu()
     return out
 
 
@@ -79,8 +76,6 @@ class DrafterFSDPStrategy(ModelParallelStrategy):
     """Lightning's FSDP2 strategy, data-parallel only (every rank one shard of the data-parallel mesh), with
     checkpoints of the trainable state only. `shard_target`: see the module docstring. The sharding itself
     is the LightningModule's `configure_model` (Lightning's contract), which reads `shard_target` here."""
-
-    strategy_name = FSDP_STRATEGY_NAME
 
     def __init__(self, shard_target: bool = False, **kwargs) -> None:
         if not isinstance(shard_target, bool):
