@@ -43,6 +43,7 @@ from dmtp.decode.stage_timer import StageTimer
 from dmtp.decode.verify import (accept_block_verification, accept_rejection_sampling, accept_target_only,
                                 probs_from_logits, sample_tokens)
 from dmtp.drafters.dflash import BLOCK_SIZE_RANGE
+from dmtp.families.catalogue import make_target_runner
 
 VERIFICATION_MODES = ("target_only", "rejection", "block")
 # The modes that verify drafts sampled from the proposers' q, each with its device-side acceptance rule.
@@ -259,10 +260,6 @@ class SpecDecoder:
             runner.set_features(proposer.layer_ids)
             self.runner = runner
         else:
-            # Imported here: the families' runners build on dmtp.decode.runners.base, so importing their
-            # catalogue at module level would run dmtp.decode's __init__ inside the families' own import.
-            from dmtp.families.catalogue import make_target_runner
-
             self.runner = make_target_runner(target, proposer.layer_ids, kind=runner, attention=attention)
         if eos_token_id is None:
             eos_token_id = getattr(target.config, "eos_token_id", None)
