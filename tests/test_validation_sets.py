@@ -10,6 +10,7 @@ import pytest
 from dmtp.configs import compose_train
 from dmtp.training import datamodule, regenerate as regen_mod
 from dmtp.training.job import build_components
+from test_regenerate import _hf_greedy
 
 TEXTS = ["def add(a, b):\n    return", "The sum of 3 and 4 is", "import os\nimport sys\n\ndef main():"]
 
@@ -21,10 +22,10 @@ def prompt_file(tmp_path):
     return path
 
 
-def test_prompt_file_rows_are_the_targets_own_continuations_cached(prompt_file, monkeypatch):
+def test_prompt_file_rows_are_the_targets_greedy_continuations_cached(prompt_file, monkeypatch):
     cfg = compose_train(["debug=tiny_budget", f"data.val_sets={{prompts: {prompt_file}}}", "data.val_domains=[]",
                          "data.val_prompts=3"])
-    _, tokenizer, data, _ = build_components(cfg)
+    target, tokenizer, data, _ = build_components(cfg)
     data.setup("fit")
     assert list(data.val_rows) == ["prompts"]
     rows = data.val_rows["prompts"]
@@ -36,6 +37,9 @@ def test_prompt_file_rows_are_the_targets_own_continuations_cached(prompt_file, 
         assert len(row["input_ids"]) == data.val.prompt_len + data.val.new_tokens   # one length for the batch
         assert sum(row["loss_mask"]) == row["length"] - n > 0                  # the continuation is supervised
         assert row["domain"] == "prompts"
+        # The continuation is the target's own greedy one (transformers' generate as the reference).
+        expected = _hf_greedy(target, prompt, data.val.new_tokens, tokenizer.eos_token_id)
+        assert row["input_ids"][n:row["length"]] == expected
     # A second data module reads the continuations back from the cache: nothing is decoded again.
     monkeypatch.setattr(regen_mod, "make_writer", lambda *a, **k: pytest.fail("decoded the cached rows again"))
     again = build_components(cfg)[2]
