@@ -446,6 +446,21 @@ def test_dflash2_config_composes_and_every_variant_trains():
         assert torch.equal(prev[..., 0][keep], ids.gather(1, first_pos)[keep]), name
 
 
+def test_init_from_a_dflash2_export_trains_on_the_runs_selector_schedule(tmp_path):
+    """An export carries no training schedule: continuing one (`init_from`) takes the run's drafter options."""
+    from dmtp.configs import compose_train
+    from dmtp.training.job import build_components
+
+    _, _, _, module = build_components(compose_train(["drafter=dflash2", "drafter.num_layers=1"]))
+    save_drafter(tmp_path / "export", module.drafter.backbone)
+    cfg = compose_train(["drafter=dflash2", "drafter.selector_warmup_steps=7", "drafter.selector_alpha=0.25",
+                         f"init_from={tmp_path / 'export'}"])
+    _, _, _, module = build_components(cfg)
+    backbone = module.drafter.backbone
+    assert (backbone.config.selector_warmup_steps, backbone.config.selector_alpha) == (7, 0.25)
+    assert backbone.selector_alpha_at(6) == 0.0 and backbone.selector_alpha_at(7) == 0.25
+
+
 def sample_anchors_for(module, ids, mask, step):
     from dmtp.training.blocks import sample_anchors, valid_anchors
 

@@ -3,6 +3,7 @@ own file (the import rules themselves, circles, tiers and commands, are tests/te
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -87,3 +88,39 @@ def test_a_new_architecture_is_one_registered_class(tmp_path):
         assert type(loaded) is WideDrafter and loaded.config == drafter.config
     finally:
         ARCHITECTURES.pop("WideDraftModel")
+
+
+@pytest.mark.parametrize("name", sorted(a.name for a in ARCHITECTURES.values()))
+def test_no_architecture_writes_a_training_option_to_its_export(name, tmp_path):
+    """An export describes the model: an architecture's training-only fields (its config's `training_options`)
+    never reach config.json, at the top level or under dflash_config; the reloaded drafter has the defaults."""
+    arch = architecture_named(name)
+    config = arch.config(**SIZES)
+    assert set(config.training_options) <= set(arch.config.option_names())
+    moved = {}
+    for k in config.training_options:
+        v = getattr(config, k)
+        moved[k] = ("skip" if v == "replace" else "replace") if isinstance(v, str) else v + 2
+    drafter = arch.module(replace(config, **moved))
+    save_drafter(tmp_path, drafter)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    assert not set(config.training_options) & (set(raw) | set(raw["dflash_config"])), name
+    loaded, _, _ = load_drafter(tmp_path)
+    assert loaded.config == config, name
+
+
+def test_every_option_that_configures_training_only_is_declared_as_such():
+    """DSpark's confidence weight and DFlash2's selector schedule are the training-only fields there are."""
+    assert {a.name: set(a.config.training_options) for a in ARCHITECTURES.values()} == {
+        "dflash": set(),
+        "dflash2": {"selector_alpha", "selector_warmup_steps", "selector_ramp_steps", "selector_gold_outside_topk"},
+        "dspark": {"confidence_loss_weight"}}
+
+
+def test_with_training_options_takes_a_runs_schedule_and_checks_it():
+    config = DFlash2Config(**SIZES, conv_group_size=8)
+    run = {"selector_warmup_steps": 5, "selector_alpha": None, "num_layers": 3, "confidence_loss_weight": 2.0}
+    assert config.with_training_options(run) == replace(config, selector_warmup_steps=5)
+    assert DFlashConfig(**SIZES).with_training_options(run) == DFlashConfig(**SIZES)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        config.with_training_options({"selector_ramp_steps": -1})

@@ -27,7 +27,8 @@ hooks `auxiliary_loss` and `propose` let callers treat every drafter alike.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
 from typing import ClassVar
 
 import torch
@@ -121,6 +122,13 @@ class DFlashConfig:
         """The architecture's own fields (those a DFlash v1 config does not have)."""
         common = {f.name for f in fields(DFlashConfig)}
         return tuple(f.name for f in fields(cls) if f.name not in common)
+
+    def with_training_options(self, options: Mapping) -> "DFlashConfig":
+        """This config with its architecture's training options taken from `options` (a run's drafter config)
+        where they are given: an export carries none, so a run that continues one (`init_from`) trains on
+        the run's own schedule, not the defaults. Checked as any config is."""
+        given = {k: options[k] for k in self.training_options if options.get(k) is not None}
+        return replace(self, **given) if given else self
 
     @property
     def default_context_dim(self) -> int:

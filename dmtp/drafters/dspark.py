@@ -34,6 +34,7 @@ which vLLM's dense DSpark does not read.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +47,7 @@ DSPARK_ARCH = "Qwen3DSparkModel"
 MARKOV_VARIANTS = ("vanilla", "gated", "rnn")
 # Written at config.json's top level (where vLLM's DSpark reads them) and read back from there.
 SHAPE_KEYS = ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov")
+# Training only (never written to an export; read from older dmtp exports that carry it, else the default).
 TRAINING_KEYS = ("confidence_loss_weight",)
 
 
@@ -57,6 +59,7 @@ class DSparkConfig(DFlashConfig):
     enable_confidence_head: bool = True
     confidence_head_with_markov: bool = True
     confidence_loss_weight: float = 1.0
+    training_options: ClassVar[tuple[str, ...]] = TRAINING_KEYS
 
     def check_options(self) -> None:
         for k in (*SHAPE_KEYS, *TRAINING_KEYS):
@@ -76,7 +79,7 @@ class DSparkConfig(DFlashConfig):
         self.confidence_loss_weight = float(self.confidence_loss_weight)
 
     def options_to_hf(self) -> dict:
-        return {k: getattr(self, k) for k in (*SHAPE_KEYS, *TRAINING_KEYS)}
+        return {k: getattr(self, k) for k in SHAPE_KEYS}
 
     def to_hf_config(self) -> dict:
         d = super().to_hf_config()

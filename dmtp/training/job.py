@@ -40,6 +40,7 @@ def build_components(cfg: DictConfig):
     make_injection = instantiate(cfg.injection)
     if cfg.init_from:   # a published (or earlier) drafter's backbone, with this run's injection
         backbone, _, _ = load_drafter(cfg.init_from)
+        backbone.config = backbone.config.with_training_options(cfg.drafter)
         require_target_fit(backbone.config, target, f"init_from={cfg.init_from}")
         drafter = BlockDrafter.around(backbone, make_injection, f"init_from={cfg.init_from}")
     else:
