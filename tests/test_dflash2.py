@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dmtp.drafters.dflash2 import (SHAPE_KEYS, TRAINING_KEYS, DFlash2Config, DFlash2Drafter, GroupedDynamicCausalConv,
-                                   causal_conv_taps)
+                                   causal_conv_taps, walk_candidates)
 from dmtp.drafters.checkpoint import load_drafter, save_drafter
-from dmtp.drafters.dflash import DFlashConfig, DFlashDrafter
+from dmtp.drafters.dflash import DFlashConfig, DFlashDrafter, default_sampler
 from tests.test_drafter import blocks, run  # the same flattened multi-block inputs as the v1 tests
 
 H, V, BS, S, K = 32, 40, 4, 20, 4
@@ -314,6 +314,27 @@ def test_greedy_selector_path_is_the_greedy_recursion_over_the_lattice():
         stale = torch.stack([sel.scores(u[:, i], cand[:, i], first, sel.query(hidden[:, i])).argmax(-1)
                              for i in range(n)], -1)
         assert not torch.equal(tokens, cand.gather(-1, stale[..., None])[..., 0])
+
+
+def test_a_rank_indexed_score_table_walks_to_the_same_path():
+    """vLLM's proposer scores every (slot, previous rank, candidate) at once and walks the table by rank; dmtp
+    scores slot by slot from the previous token. Both go through `walk_candidates`: the same tokens."""
+    d, hidden, lm_head, first = selector_case(seed=4)
+    k, n = d.config.selector_top_k, hidden.shape[1]
+    with torch.no_grad():
+        tokens, _ = d.propose(hidden, lm_head, first)
+        u, cand = d.candidates(d.logits(hidden, lm_head))
+        sel = d.candidate_selector
+        query = sel.query(hidden)
+        table = torch.zeros(hidden.shape[0], n, k, k)   # [B, slot, previous rank, candidate]
+        for i in range(n):
+            for r in range(k):   # slot 1's rows are all the anchor's
+                prev = first if i == 0 else cand[:, i - 1, r]
+                table[:, i, r] = sel.scores(u[:, i], cand[:, i], prev, query[:, i])
+        rows = torch.arange(hidden.shape[0])
+        walked, probs = walk_candidates(cand, lambda i, _tok, rank: table[rows, i, rank], first, default_sampler())
+    assert probs is None and torch.equal(walked, tokens)
+    assert not torch.equal(tokens, cand[..., 0])   # the selector moves the path off the unary argmax here
 
 
 def test_zero_successor_codebook_gives_the_unary_argmax():

@@ -294,28 +294,45 @@ class DFlash2Drafter(DFlashDrafter):
 
     def propose(self, hidden, lm_head_weight, first_prev, temperature=0.0, generator=None, sampler=None,
                 forced=None):
-        """Sequential selector path over the top-K candidates (see module docstring). hidden [..., n, H],
+        """The selector's path over the top-K candidates (`walk_candidates`). hidden [..., n, H],
         first_prev [...] -> (tokens [..., n], q [..., n, V] fp32 or None when greedy). `sampler` as in
         DFlashDrafter.propose, applied to the K selector scores of each position in turn."""
-        sampler = sampler or default_sampler(temperature, generator)
         u, cand = self.candidates(self.logits(hidden, lm_head_weight))
         sel = self.candidate_selector
         query = sel.query(hidden)
-        prev = first_prev
-        tokens, qs = [], []
-        for i in range(hidden.shape[-2]):
-            s = sel.scores(u[..., i, :], cand[..., i, :], prev, query[..., i, :])
-            pick, p = sampler(s)
-            if p is not None:
-                full = torch.zeros(*p.shape[:-1], self.config.vocab_size, dtype=p.dtype, device=p.device)
-                qs.append(full.scatter(-1, cand[..., i, :], p))
-            prev = cand[..., i, :].gather(-1, pick[..., None]).squeeze(-1)
-            if forced is not None:   # the block holds the MTP's token here: the path goes through it
-                prev = torch.where(forced[1][..., i], forced[0][..., i], prev)
-            tokens.append(prev)
-        q = torch.stack(qs, dim=-2) if qs else None
-        return torch.stack(tokens, dim=-1), q
+
+        def score_at(i, prev_token, prev_rank):
+            return sel.scores(u[..., i, :], cand[..., i, :], prev_token, query[..., i, :])
+
+        tokens, probs = walk_candidates(cand, score_at, first_prev, sampler or default_sampler(temperature, generator),
+                                        forced)
+        if probs is None:
+            return tokens, None
+        full = torch.zeros(*probs.shape[:-1], self.config.vocab_size, dtype=probs.dtype, device=probs.device)
+        return tokens, full.scatter(-1, cand, probs)
+
+
+def walk_candidates(candidates: torch.Tensor, score_at, first_prev: torch.Tensor, sampler, forced=None):
+    """DFlash2's one selector walk (dmtp's drafter and the vLLM proposer both take it): slot by slot over a
+    block's top-K candidates [..., n, K], slot i's K scores are `score_at(i, prev_token, prev_rank)`, given
+    the token chosen at slot i-1 (`first_prev`, the anchor's, before slot 1) and its rank among slot i-1's
+    candidates (0 before slot 1: a score table indexed by rank holds the anchor's row there); `sampler(scores)`
+    -> (rank [...], its K probabilities or None) picks one. `forced` (tokens [..., n], where [..., n]): slots
+    whose token is given (the MTP's T1 in a DMTP block): the path goes through it. Returns (tokens [..., n],
+    probabilities over each slot's candidates [..., n, K], or None when the sampler gives none)."""
+    prev_token = first_prev
+    prev_rank = torch.zeros_like(first_prev)
+    tokens, probs = [], []
+    for i in range(candidates.shape[-2]):
+        prev_rank, p = sampler(score_at(i, prev_token, prev_rank))
+        if p is not None:
+            probs.append(p)
+        prev_token = candidates[..., i, :].gather(-1, prev_rank[..., None]).squeeze(-1)
+        if forced is not None:
+            prev_token = torch.where(forced[1][..., i], forced[0][..., i], prev_token)
+        tokens.append(prev_token)
+    return torch.stack(tokens, dim=-1), (torch.stack(probs, dim=-2) if probs else None)
 
 
 __all__ = ["CandidateSelector", "DFLASH2_ARCH", "DFlash2Config", "DFlash2Drafter", "DFlash2Layer",
-           "GroupedDynamicCausalConv", "causal_conv_taps"]
+           "GroupedDynamicCausalConv", "causal_conv_taps", "walk_candidates"]

@@ -7,7 +7,8 @@ drafters there rather than degrade them to DFlash v1 (`config/vllm.py`, "DFlash 
 drafts"). This proposer does the V2 speculator's greedy walk on V1: at each block slot the top-K of
 the drafter's (scaled, soft-capped) logits, `model.compute_candidates`, are scored by the loaded
 `candidate_selector` given the previously chosen candidate (the anchor before slot 1), and the best
-one is taken. That is dmtp's own `DFlash2Drafter.propose` at temperature 0, and V2's walk.
+one is taken: dmtp's own walk (`dmtp.drafters.dflash2.walk_candidates`, which `DFlash2Drafter.propose`
+takes too) over vLLM's score table, as V2 walks it.
 
 Drafts are greedy (vLLM's default `draft_sample_method`): at temperature > 0 the rejection sampler
 then treats them as deterministic proposals, which keeps the target's distribution. Probabilistic
@@ -19,6 +20,9 @@ from typing import Any
 
 import torch
 from vllm.v1.spec_decode.dflash import DFlashProposer
+
+from dmtp.drafters.dflash import default_sampler
+from dmtp.drafters.dflash2 import walk_candidates
 
 # vLLM's own names for candidate-head DFlash drafters (`VllmConfig._is_dflash_candidate_draft`).
 CANDIDATE_HEAD_ARCHITECTURES = ("DFlash2DraftModel",)
@@ -59,12 +63,12 @@ class DFlash2Proposer(DFlashProposer):
         scores = self.model.model.candidate_selector(candidates, unary.view_as(candidates), hidden,
                                                      self.anchors[:batch])   # [B, K, previous, candidate]
         rows = torch.arange(batch, device=candidates.device)
-        previous = torch.zeros(batch, dtype=torch.long, device=candidates.device)   # slot 1: every row is the anchor's
-        tokens = []
-        for step in range(steps):
-            previous = scores[rows, step, previous].float().argmax(-1)
-            tokens.append(candidates[rows, step, previous])
-        return torch.stack(tokens, dim=1).reshape(-1), None
+
+        def score_at(step, prev_token, prev_rank):   # vLLM's table is indexed by the previous candidate's rank
+            return scores[rows, step, prev_rank].float()
+
+        tokens, _ = walk_candidates(candidates, score_at, self.anchors[:batch], default_sampler(0.0))
+        return tokens.reshape(-1), None
 
 
 __all__ = ["CANDIDATE_HEAD_ARCHITECTURES", "DFlash2Proposer", "is_candidate_head_drafter"]
