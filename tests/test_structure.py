@@ -124,3 +124,23 @@ def test_with_training_options_takes_a_runs_schedule_and_checks_it():
     assert DFlashConfig(**SIZES).with_training_options(run) == DFlashConfig(**SIZES)
     with pytest.raises(ValueError, match="must be >= 0"):
         config.with_training_options({"selector_ramp_steps": -1})
+
+
+def test_the_decode_state_and_the_data_module_are_built_from_small_records():
+    """They took 14 and 29 loose options; each group is now one typed record (sizes, widths, reads; source,
+    regeneration, validation, loader), so a new option lands in its group, not in a longer signature."""
+    import inspect
+
+    from dmtp.decode.state import DecodeState, ProposerReads, StateSize, TargetWidths
+    from dmtp.training.datamodule import DraftDataModule
+    from dmtp.training.data_options import LoaderOptions, RegenOptions, SourceOptions, ValidationOptions
+
+    def params(cls):
+        return list(inspect.signature(cls.__init__).parameters)[1:]
+
+    assert params(DecodeState)[:3] == ["size", "widths", "reads"] and len(params(DecodeState)) <= 6
+    assert inspect.signature(DecodeState.__init__).parameters["size"].annotation == "StateSize"
+    for record in (StateSize, TargetWidths, ProposerReads, SourceOptions, RegenOptions, ValidationOptions,
+                   LoaderOptions):
+        assert len(inspect.signature(record).parameters) <= 12, record.__name__
+    assert params(DraftDataModule) == ["tokenizer", "target", "source", "regen", "val", "loader", "seed"]

@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dmtp.decode import SamplingConfig  # noqa: E402
-from dmtp.decode.loop import VERIFICATION_MODES  # noqa: E402
+from dmtp.decode.sampling import VERIFICATION_MODES  # noqa: E402
 from dmtp.decode.metrics import throughput  # noqa: E402
 from dmtp.drafters.registry import ARCHITECTURES  # noqa: E402
 from dmtp.inference.drafters import find_latest_drafter  # noqa: E402

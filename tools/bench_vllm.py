@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from dmtp.data.prompts import held_out_prompts  # noqa: E402
-from dmtp.decode.loop import SamplingConfig  # noqa: E402
+from dmtp.decode.sampling import SamplingConfig  # noqa: E402
 from dmtp.engines.base import DecoderRequest  # noqa: E402
 from dmtp.engines.catalogue import engine_named  # noqa: E402
 from dmtp.inference.setup import load_drafter, load_mtp, load_target, placement, target_config  # noqa: E402

@@ -5,7 +5,8 @@ The names below load on first use (PEP 562): the target families build their run
 must not import the loop before the families have loaded."""
 from importlib import import_module
 
-_EXPORTS = {"SpecDecoder": "loop", "SamplingConfig": "loop", "DecodeResult": "loop", "build_proposer": "loop",
+_EXPORTS = {"SpecDecoder": "loop", "SamplingConfig": "sampling", "DecodeResult": "loop", "build_proposer": "loop",
+            "DecodeState": "state",
             "Proposer": "proposers", "ARProposer": "proposers", "MTPChainProposer": "proposers",
             "DrafterProposer": "proposers", "RecomputeTargetRunner": "runners", "TargetRunner": "runners"}
 

@@ -38,138 +38,17 @@ import torch
 from dmtp.decode.metrics import AcceptanceRecorder, throughput
 from dmtp.decode.proposers import (ARProposer, DrafterProposer, MTPChainProposer, Proposer)
 from dmtp.decode.runners import TargetRunner
+from dmtp.decode.sampling import SamplingConfig
 from dmtp.decode.stage import Stage, present, restore, snapshot
+from dmtp.decode.state import DecodeState, ProposerReads, StateSize, TargetWidths
 from dmtp.decode.stage_timer import StageTimer
 from dmtp.decode.verify import (accept_block_verification, accept_rejection_sampling, accept_target_only,
                                 probs_from_logits, sample_tokens)
 from dmtp.drafters.dflash import BLOCK_SIZE_RANGE
 from dmtp.families.catalogue import make_target_runner
 
-VERIFICATION_MODES = ("target_only", "rejection", "block")
-# The modes that verify drafts sampled from the proposers' q, each with its device-side acceptance rule.
+# The device-side acceptance rule of each mode that verifies drafts sampled from the proposers' q.
 _ACCEPT_WITH_DRAFT_PROBS = {"rejection": accept_rejection_sampling, "block": accept_block_verification}
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    """temperature 0 = greedy. `verification`: target_only (sample the target at every slot, accept
-    while equal; drafts are the proposers' argmax), rejection (drafts sampled from the proposers' q,
-    each accepted with min(1, p/q), token by token) or block (the same drafts verified jointly, Sun et
-    al. 2025: on average never fewer accepted than rejection). Both accept more than target_only at
-    temperature > 0, with the same output distribution; at temperature 0 every mode is greedy."""
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    verification: str = "target_only"
-    # Confidence-scheduled verification (0 = off): each round verifies only the leading candidates whose
-    # predicted survival (the product of the drafter's confidence up to them; DSpark's confidence head)
-    # reaches this threshold; the others are masked (never accepted), the shapes stay the block's. Any
-    # verification mode; lossless, since the cut depends on the drafts only, never on the target.
-    confidence_threshold: float = 0.0
-
-    def __post_init__(self):
-        if self.verification not in VERIFICATION_MODES:
-            raise ValueError(f"verification must be one of {VERIFICATION_MODES}, got {self.verification!r}")
-        if isinstance(self.confidence_threshold, bool) or not isinstance(self.confidence_threshold, (int, float)) \
-                or not 0 <= self.confidence_threshold <= 1:
-            raise ValueError(f"confidence_threshold must be in [0, 1] (0 = off), got {self.confidence_threshold!r}")
-        # Named as on the command line (dmtp.infer temperature= top_p= top_k=).
-        if not self.temperature >= 0:   # also catches NaN
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
-        if self.top_k != int(self.top_k) or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k}")
-
-    def check_vocabulary(self, vocab_size: int) -> None:
-        """top_k larger than the target's vocabulary is refused, not clamped: it would silently mean
-        "off" (every token kept), which the user did not write; 0 says that."""
-        if self.top_k > vocab_size:
-            raise ValueError(f"top_k={self.top_k} exceeds the target's vocabulary of {vocab_size} tokens; "
-                             f"use top_k in 1..{vocab_size}, or 0 (off)")
-
-    @property
-    def greedy(self) -> bool:
-        """A temperature > 0, however small, samples (dmtp.models.temperature scales it without overflow:
-        a tiny one is the greedy one-hot, the limit of softmax(x / T))."""
-        return self.temperature <= 0.0
-
-    @property
-    def uses_draft_probs(self) -> bool:
-        return self.verification in _ACCEPT_WITH_DRAFT_PROBS and not self.greedy
-
-    @property
-    def schedules_verification(self) -> bool:
-        return self.confidence_threshold > 0
-
-    def key(self) -> tuple:
-        return (float(self.temperature), int(self.top_k), float(self.top_p), self.verification,
-                float(self.confidence_threshold))
-
-
-class DecodeState:
-    """Every tensor a round reads or writes, allocated once per (batch bucket, max length)."""
-
-    def __init__(self, batch: int, max_len: int, num_candidates: int, max_new: int, vocab_size: int,
-                 hidden_size: int, feature_dim: int, device, dtype, sampling: SamplingConfig,
-                 runner: TargetRunner, eos_ids: Sequence[int], need_hidden: bool, need_features: bool):
-        self.batch, self.max_len, self.device, self.dtype = batch, max_len, torch.device(device), dtype
-        self.num_candidates = k = num_candidates
-        self.width = w = k + 1
-        self.longest_bound = 0   # host-side: the longest prompt of the batch (set at prefill)
-        self.vocab_size = vocab_size
-        sampling.check_vocabulary(vocab_size)
-        self.sampling = sampling
-        self.runner = runner
-        self.max_new_cap = max_new
-        self.generator: torch.Generator | None = None
-        self.request_ids: list[int] = []
-        dev = self.device
-        z = lambda *s, dt=torch.long: torch.zeros(*s, dtype=dt, device=dev)  # noqa: E731
-        self.offsets = torch.arange(w, device=dev)
-        self.eos = torch.tensor(list(eos_ids) or [-1], dtype=torch.long, device=dev)
-        self.max_new = z(())
-        self.anchor = z(batch)
-        self.candidates = z(batch, k)
-        self.q = torch.zeros(batch, k, vocab_size, dtype=torch.float32, device=dev) if sampling.uses_draft_probs else None
-        self.y = z(batch, w)
-        self.acc = z(batch)
-        # Candidates verified this round (confidence-scheduled verification; K when off) and their sum
-        # over the rounds each request was active (what an engine that packs verify rows would run).
-        self.verify_limit = torch.full((batch,), k, dtype=torch.long, device=dev)
-        self.verified = z(batch)
-        self.a_prev = z(batch)
-        self.h_verify = torch.zeros(batch, w, hidden_size, dtype=dtype, device=dev) if need_hidden else None
-        self.f_verify = torch.zeros(batch, w, feature_dim, dtype=dtype, device=dev) if need_features else None
-        self.out_tokens = z(batch, max_new + w)
-        self.out_len = z(batch)
-        self.done = z(batch, dt=torch.bool)
-        self.rounds_cap = max_new + 64
-        self.acc_log = z(self.rounds_cap, batch)
-        self.raw_log = z(self.rounds_cap, batch)
-        self.round_idx = z(1)
-
-    def target_lengths(self) -> torch.Tensor:
-        return self.runner.lengths
-
-    @property
-    def span(self) -> int | None:
-        """How many cache slots from 0 this round's stages attend to (target, MTP and drafter caches
-        alike; None: all `max_len`): the runner's span, which only the eager loop sets."""
-        return self.runner.span
-
-    def reset(self) -> None:
-        """Back to a harmless all-zero state (after graph warm-up; before a prefill)."""
-        for t in (self.anchor, self.candidates, self.y, self.acc, self.a_prev, self.out_tokens, self.out_len,
-                  self.round_idx, self.runner.lengths, self.verified):
-            t.zero_()
-        self.verify_limit.fill_(self.num_candidates)
-        self.acc_log.fill_(-1)
-        self.raw_log.fill_(-1)
-        self.done.zero_()
-        if self.q is not None:
-            self.q.zero_()
 
 
 @dataclass
@@ -341,9 +220,11 @@ class SpecDecoder:
         max_new_cap = _round_up(max_new, 64) if self.fixed_shapes else max_new
         self.runner.allocate(batch, max_len)
         self.runner.span = None
-        st = DecodeState(batch, max_len, self.num_candidates, max_new_cap, self.vocab_size, self.runner.hidden_size,
-                         self.runner.feature_dim, self.device, self.dtype, sampling, self.runner, self.eos_ids,
-                         need_hidden=self.proposer.needs_last_hidden, need_features=self.proposer.needs_features)
+        st = DecodeState(StateSize(batch, max_len, self.num_candidates, max_new_cap),
+                         TargetWidths(self.vocab_size, self.runner.hidden_size, self.runner.feature_dim, self.device,
+                                      self.dtype),
+                         ProposerReads(self.proposer.needs_last_hidden, self.proposer.needs_features),
+                         sampling, self.runner, self.eos_ids)
         self.proposer.allocate(st)
         self.st = st
         self._graphs.clear()
@@ -689,5 +570,4 @@ def build_proposer(method: str, target, mtp=None, drafter=None, mtp_steps: int =
     raise ValueError(f"unknown method {method!r}: ar | mtp415 | mtp | mtp:<k> | drafter")
 
 
-__all__ = ["SpecDecoder", "SamplingConfig", "DecodeResult", "DecodeState", "build_proposer", "parse_mtp_steps",
-           "VERIFICATION_MODES"]
+__all__ = ["SpecDecoder", "DecodeResult", "build_proposer", "parse_mtp_steps"]

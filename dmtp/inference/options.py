@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dmtp.decode.loop import SamplingConfig, parse_mtp_steps
+from dmtp.decode.loop import parse_mtp_steps
+from dmtp.decode.sampling import SamplingConfig
 
 TRUNCATE_MODES = (None, "left")   # eval.truncate
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dmtp.decode.loop import DecodeResult, SamplingConfig
+from dmtp.decode.loop import DecodeResult
+from dmtp.decode.sampling import SamplingConfig
 from dmtp.engines.base import Decoder
 
 

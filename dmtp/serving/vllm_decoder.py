@@ -66,7 +66,8 @@ class VLLMDecoder:
                  progress: bool = False):
         from vllm.inputs import TokensPrompt
 
-        from dmtp.decode.loop import DecodeResult, SamplingConfig
+        from dmtp.decode.loop import DecodeResult
+        from dmtp.decode.sampling import SamplingConfig
 
         sampling = sampling or SamplingConfig()
         llm = self._engine(batch_size)

@@ -214,7 +214,7 @@ def _fill(out_dir: Path, target, prompts, settings: RegenSettings, eos_ids, mtp,
     writer = None
     bar = _bar(len(prompts), progress)
     started, written = time.perf_counter(), 0
-    from dmtp.decode.loop import SamplingConfig
+    from dmtp.decode.sampling import SamplingConfig
 
     sampling = SamplingConfig(temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p)
     for index in range(n_shards):

@@ -1,0 +1,71 @@
+"""How a decode run picks tokens: greedy or sampled, the verification rule, confidence scheduling
+(`SamplingConfig`; one frozen record per run, part of the key of every captured round)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+VERIFICATION_MODES = ("target_only", "rejection", "block")
+# The modes that verify drafts sampled from the proposers' q (the loop holds each one's acceptance rule).
+DRAFT_PROB_MODES = ("rejection", "block")
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """temperature 0 = greedy. `verification`: target_only (sample the target at every slot, accept
+    while equal; drafts are the proposers' argmax), rejection (drafts sampled from the proposers' q,
+    each accepted with min(1, p/q), token by token) or block (the same drafts verified jointly, Sun et
+    al. 2025: on average never fewer accepted than rejection). Both accept more than target_only at
+    temperature > 0, with the same output distribution; at temperature 0 every mode is greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    verification: str = "target_only"
+    # Confidence-scheduled verification (0 = off): each round verifies only the leading candidates whose
+    # predicted survival (the product of the drafter's confidence up to them; DSpark's confidence head)
+    # reaches this threshold; the others are masked (never accepted), the shapes stay the block's. Any
+    # verification mode; lossless, since the cut depends on the drafts only, never on the target.
+    confidence_threshold: float = 0.0
+
+    def __post_init__(self):
+        if self.verification not in VERIFICATION_MODES:
+            raise ValueError(f"verification must be one of {VERIFICATION_MODES}, got {self.verification!r}")
+        if isinstance(self.confidence_threshold, bool) or not isinstance(self.confidence_threshold, (int, float)) \
+                or not 0 <= self.confidence_threshold <= 1:
+            raise ValueError(f"confidence_threshold must be in [0, 1] (0 = off), got {self.confidence_threshold!r}")
+        # Named as on the command line (dmtp.infer temperature= top_p= top_k=).
+        if not self.temperature >= 0:   # also catches NaN
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
+        if self.top_k != int(self.top_k) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k}")
+
+    def check_vocabulary(self, vocab_size: int) -> None:
+        """top_k larger than the target's vocabulary is refused, not clamped: it would silently mean
+        "off" (every token kept), which the user did not write; 0 says that."""
+        if self.top_k > vocab_size:
+            raise ValueError(f"top_k={self.top_k} exceeds the target's vocabulary of {vocab_size} tokens; "
+                             f"use top_k in 1..{vocab_size}, or 0 (off)")
+
+    @property
+    def greedy(self) -> bool:
+        """A temperature > 0, however small, samples (dmtp.models.temperature scales it without overflow:
+        a tiny one is the greedy one-hot, the limit of softmax(x / T))."""
+        return self.temperature <= 0.0
+
+    @property
+    def uses_draft_probs(self) -> bool:
+        return self.verification in DRAFT_PROB_MODES and not self.greedy
+
+    @property
+    def schedules_verification(self) -> bool:
+        return self.confidence_threshold > 0
+
+    def key(self) -> tuple:
+        return (float(self.temperature), int(self.top_k), float(self.top_p), self.verification,
+                float(self.confidence_threshold))
+
+
+__all__ = ["DRAFT_PROB_MODES", "SamplingConfig", "VERIFICATION_MODES"]
