@@ -102,3 +102,44 @@ def test_gpu_trainer_on_a_cpu_machine_exits_2(tmp_path, monkeypatch, capsys):
 
     code, line, _ = run_command("dmtp.train", ["debug=tiny_budget", "trainer=gpu"], tmp_path, monkeypatch, capsys)
     assert code == 2 and "no CUDA device" in line and line.startswith("dmtp.train: error:")
+
+
+@pytest.mark.slow
+def test_two_ranks_walk_their_shares_of_the_validation_rows_into_one_table(tmp_path):
+    """Each rank walks every other held-out row (3 per domain: 2 on rank 0, 1 on rank 1) and the counts are
+    summed: the table is the one a single rank walks over all rows (the learning rate is 0, so both runs hold
+    the same drafter)."""
+    same = ["model.val_walk=true", "model.optimizer.lr=0.0", "data.val_prompts=3", "trainer.max_steps=2",
+            "trainer.val_check_interval=2"]
+    _train(tmp_path / "two", *FSDP_CPU, "trainer.devices=2", "data.batch_size=2", *same)
+    _train(tmp_path / "one", "trainer=cpu", "data.batch_size=4", *same)
+    one = json.loads((tmp_path / "one" / "metrics.json").read_text())
+    two = json.loads((tmp_path / "two" / "metrics.json").read_text())
+    walk = {k: v for k, v in one.items() if k.startswith("walk/")}
+    assert len(walk) > 10 and {k: two[k] for k in walk} == walk
+
+
+def test_a_validation_batch_is_shared_out_row_by_row_and_a_rank_without_rows_counts_nothing():
+    from dmtp.training.validation import empty_walk, merged_walk, walk_share
+
+    shares = [walk_share(3, rank, 2) for rank in range(2)]
+    assert [(s.tolist(), counts) for s, counts in shares] == [([0, 2], True), ([1], True)]
+    assert [(s.tolist(), counts) for s, counts in (walk_share(1, r, 2) for r in range(2))] == [([0], True), ([0], False)]
+    walked = {"walk_tokens": 7, "walk_rounds": 3, "anchor_tokens": 9, "anchor_count": 4,
+              "hist": torch.tensor([1, 2, 0]), "per_request": [[1, 2]]}
+    walked["mtp_chain"] = dict(walked)
+    nothing = empty_walk(walked)
+    both, alone = merged_walk([walked, nothing]), merged_walk([walked])
+    assert torch.equal(both.pop("hist"), alone.pop("hist")) and both == alone == {
+        "walk_tokens": 7, "walk_rounds": 3, "anchor_tokens": 9, "anchor_count": 4}
+    assert nothing["mtp_chain"]["walk_rounds"] == 0 and torch.equal(nothing["mtp_chain"]["hist"], torch.zeros(3, dtype=torch.long))
+
+
+def test_decode_eval_with_a_sharded_target_is_refused_before_anything_runs(tmp_path):
+    from dmtp.training.job import train
+
+    cfg = compose_train([*FSDP_CPU, "trainer.strategy.shard_target=true", "decode_eval.enabled=true",
+                         f"paths.output_dir={tmp_path / 'run'}"])
+    with pytest.raises(ValueError, match=r"^decode_eval.enabled=true decodes through the whole target on rank 0"):
+        train(cfg)
+    assert not (tmp_path / "run").exists()

@@ -109,6 +109,17 @@ def flat_metrics(cfg: DictConfig, summary: dict) -> dict:
     return out
 
 
+def check_decode_eval_fits(cfg: DictConfig) -> None:
+    """decode_eval decodes on rank 0 alone after the run, through the whole target: refused up front when the
+    target's layers are sharded across the ranks (their all-gathers would wait for ranks that do not decode)."""
+    strategy = cfg.trainer.get("strategy")
+    sharded = isinstance(strategy, DictConfig) and bool(strategy.get("shard_target"))
+    if sharded and cfg.get("decode_eval") and cfg.decode_eval.enabled:
+        raise ValueError("decode_eval.enabled=true decodes through the whole target on rank 0, but "
+                         "trainer.strategy.shard_target=true shards it across the ranks: decode the export after the "
+                         "run (python -m dmtp.infer drafter=<run dir>/drafter), or set decode_eval.enabled=false")
+
+
 def _instantiate_dict(node) -> list:
     return [instantiate(v) for v in (node or {}).values() if v is not None and "_target_" in v]
 
@@ -146,6 +157,7 @@ def train(cfg: DictConfig, callbacks=(), overrides: list[str] | None = None) -> 
             cfg.paths.output_dir = str(resumed_dir)
     output_dir = Path(cfg.paths.output_dir)
     dtype = export_dtype(cfg)   # bad options answer before anything is built
+    check_decode_eval_fits(cfg)
     trainer_uses_cuda(cfg.trainer)
     if rank_zero_only.rank == 0:
         claim_run_dir(output_dir, resuming=resumed_dir is not None)

@@ -27,7 +27,7 @@ from dmtp.training.blocks import (draft_blocks, mtp_block_inputs, predicted_posi
 from dmtp.training.draws import BatchDraws, RowDraws
 from dmtp.training.fsdp import gathered, is_sharded, shard_trainable
 from dmtp.training.resume import current_key
-from dmtp.training.validation import exact_acceptance
+from dmtp.training.validation import empty_walk, exact_acceptance, merged_walk, summed_over_ranks, walk_share
 
 FROZEN_PREFIXES = ("target.", "mtp.")   # what checkpoints leave out (the MTP is kept when it trains)
 # data: CE on the data tokens | target: CE on the target's own greedy token at each position |
@@ -270,10 +270,14 @@ class DMTPModule(L.LightningModule):
         self.log(f"val/{domain}/acc_first", acc[0], batch_size=bs, add_dataloader_idx=False)
         if self.train_mtp:
             self.log(f"val/{domain}/mtp_loss", self.last_mtp_loss, batch_size=bs, add_dataloader_idx=False)
-        if self.val_walk:
-            result = exact_acceptance(self.target, self.mtp, self.drafter, batch["input_ids"], batch["prompt_len"],
-                                      batch["length"], mtp_chain_steps=self.val_mtp_chain_steps)
-            self._val_results.setdefault(domain, []).append(result)
+        if self.val_walk:   # across data-parallel ranks each walks its share of the rows (summed at the end)
+            trainer = self._trainer
+            rows, counts = walk_share(bs, trainer.global_rank if trainer else 0, trainer.world_size if trainer else 1)
+            rows = rows.to(batch["input_ids"].device)
+            result = exact_acceptance(self.target, self.mtp, self.drafter, batch["input_ids"][rows],
+                                      batch["prompt_len"][rows], batch["length"][rows],
+                                      mtp_chain_steps=self.val_mtp_chain_steps)
+            self._val_results.setdefault(domain, []).append(result if counts else empty_walk(result))
 
     def on_validation_epoch_end(self) -> None:
         taus = []
@@ -287,10 +291,11 @@ class DMTPModule(L.LightningModule):
         self._val_results = {}
 
     def _log_walk(self, prefix: str, results: list[dict]) -> float:
-        """Log one proposer's walk over a domain (tau, all-anchor tau, T1 acceptance, P(L>=k)); -> tau."""
-        merged = {k: sum(r[k] for r in results)
-                  for k in ("walk_tokens", "walk_rounds", "anchor_tokens", "anchor_count")}
-        hist = torch.stack([r["hist"] for r in results]).sum(0)
+        """Log one proposer's walk over a domain, summed over the ranks' shares (tau, all-anchor tau, T1
+        acceptance, P(L>=k)); -> tau."""
+        trainer = self._trainer
+        merged = summed_over_ranks(merged_walk(results), trainer.world_size if trainer else 1, self.device)
+        hist = merged["hist"]
         tau = merged["walk_tokens"] / max(1, merged["walk_rounds"])
         self.log(f"{prefix}tau", tau, add_dataloader_idx=False)
         self.log(f"{prefix}tau_all_anchors", merged["anchor_tokens"] / max(1, merged["anchor_count"]),

@@ -114,3 +114,42 @@ def exact_acceptance(target, mtp, drafter, input_ids, prompt_len, length, mtp_ch
     if mtp_chain_steps and feats.mtp_hidden is not None:
         out["mtp_chain"] = walk_statistics(mtp_chain_matches(mtp, feats, mtp_chain_steps), prompt_len, length, k)
     return out
+
+
+# -- the walk across data-parallel ranks --------------------------------------------------------------
+WALK_COUNTS = ("walk_tokens", "walk_rounds", "anchor_tokens", "anchor_count")
+
+
+def walk_share(rows: int, rank: int, world_size: int) -> tuple[torch.Tensor, bool]:
+    """The rows of a validation batch one rank walks (every world_size-th, from its rank), and whether they
+    count: a rank left without rows walks row 0 and drops the result, so that every rank runs the same
+    forwards (a sharded target gathers its layers in them)."""
+    share = torch.arange(rank, rows, world_size)
+    return (share, True) if len(share) else (torch.zeros(1, dtype=torch.long), False)
+
+
+def merged_walk(results: list[dict]) -> dict:
+    """The walk statistics of several batches as one: summed counts and histogram."""
+    merged = {k: sum(r[k] for r in results) for k in WALK_COUNTS}
+    merged["hist"] = torch.stack([r["hist"] for r in results]).sum(0)
+    return merged
+
+
+def empty_walk(result: dict) -> dict:
+    """A walk result that counts nothing, shaped like `result` (its MTP chain's too)."""
+    out = {k: 0 for k in WALK_COUNTS} | {"hist": torch.zeros_like(result["hist"]), "per_request": []}
+    if "mtp_chain" in result:
+        out["mtp_chain"] = empty_walk(result["mtp_chain"])
+    return out
+
+
+def summed_over_ranks(merged: dict, world_size: int, device) -> dict:
+    """One domain's merged walk summed over `world_size` data-parallel ranks (each walked its `walk_share`):
+    the table of all rows, the same on every rank. Every rank calls it for the same domains in one order."""
+    if world_size <= 1:
+        return merged
+    packed = torch.tensor([merged[k] for k in WALK_COUNTS] + merged["hist"].tolist(), dtype=torch.long,
+                          device=device)
+    torch.distributed.all_reduce(packed)
+    counts = packed.tolist()
+    return dict(zip(WALK_COUNTS, counts)) | {"hist": packed[len(WALK_COUNTS):].cpu()}
