@@ -26,6 +26,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
+import dmtp.drafters.dflash as dflash
 from dmtp.configs import compose_train
 from dmtp.training.job import train
 
@@ -212,6 +213,9 @@ def main() -> None:
     ap.add_argument("--max-examples", type=int, default=3000, help="embedded documents packed into rows")
     ap.add_argument("--val-prompts", type=int, default=8)
     ap.add_argument("--checkpoint-every", type=int, default=10)
+    ap.add_argument("--block-group-rows", type=int, default=None,
+                    help="rows per group of blocks in the drafter's attention (dmtp.drafters.dflash.BLOCK_GROUP_ROWS; "
+                         "0: one dense mask; default: the shipped value)")
     ap.add_argument("--peak-tflops", type=float, default=790.0)
     ap.add_argument("--profile-steps", type=int, default=0,
                     help="profile this many steps after the warm-up: top kernels printed (and a trace beside --out)")
@@ -223,17 +227,21 @@ def main() -> None:
     if args.steps < args.checkpoint_every + 2:
         ap.error("--steps must exceed --checkpoint-every by 2 or more (a checkpoint's stall is measured between steps)")
     print("[bench_train_scale] random weights give meaningless acceptance; the times per step are real")
+    if args.block_group_rows is not None:
+        dflash.BLOCK_GROUP_ROWS = args.block_group_rows
     with tempfile.TemporaryDirectory(dir=args.workdir) as root:
         results = [run_one(args, name.strip(), Path(root)) for name in args.injections.split(",") if name.strip()]
     device = torch.cuda.get_device_name() if torch.cuda.is_available() and args.accelerator != "cpu" else "cpu"
     print(f"\n{device}, target {args.target}, seq {args.seq_len} x batch {args.batch}, {args.anchors} anchors, "
-          f"drafter {args.layers} layers / {args.taps} taps / block {args.block}, FSDP on 1 device")
+          f"drafter {args.layers} layers / {args.taps} taps / block {args.block}, {dflash.BLOCK_GROUP_ROWS} rows per "
+          "group of blocks, FSDP on 1 device")
     print(table(results, args.peak_tflops))
     for r in results:
         if r["profile"]:
             print(f"\nwhere the step's time goes, {r['injection']} ({args.profile_steps} steps, top kernels):\n{r['profile']}")
     if args.out:
-        Path(args.out).write_text(json.dumps({"device": device, "args": vars(args), "results": results}, indent=1))
+        Path(args.out).write_text(json.dumps({"device": device, "args": vars(args),
+                                              "block_group_rows": dflash.BLOCK_GROUP_ROWS, "results": results}, indent=1))
 
 
 if __name__ == "__main__":

@@ -29,8 +29,9 @@
 #            rs_context AR at batch 1 and 32, contexts 256 / 2k / 8k, GQA repeat (the old K/V copy) vs grouped
 #            rs_kernels per-kernel time of one AR step and one verify round (torch.profiler), batch 1
 #            rs_attention one attention call per GQA mode at 8B attention shapes (tools/bench_attention.py)
-#            rs_train   realsize_train: tools/bench_train_scale.py, 20 FSDP training steps at 8B shapes for DMTP
-#                       and raw DFlash (~3-4 min by estimate: give it its own call, GPU_CHECK_STEPS="realsize_train")
+#            rs_train   realsize_train: tools/bench_block_attention.py (the drafter's training attention, dense
+#                       mask vs groups of blocks), then tools/bench_train_scale.py, 20 FSDP training steps at 8B
+#                       shapes for DMTP and raw DFlash (~3-4 min by estimate: its own call, GPU_CHECK_STEPS="realsize_train")
 #            Knobs: GPU_REALSIZE_DIR (/dev/shm/dmtp_realsize), GPU_REALSIZE_SHAPE_ARGS (extra
 #            dmtp.tiny.random_target options, e.g. "--tiny" for a CPU rehearsal), GPU_REALSIZE_CONTEXTS
 #            ("256 2048 8192"), GPU_REALSIZE_BATCHES ("1 8 32").
@@ -246,6 +247,10 @@ RS_TRAIN_LIMIT=${GPU_REALSIZE_TRAIN_LIMIT:-300}
 RS_TRAIN_ARGS="${GPU_REALSIZE_TRAIN_ARGS:-}"
 realsize_train() {
     local dir; dir=$(dirname "$RS_DIR")
+    # The drafter's training attention alone first (seconds): one dense mask against blocks attended in groups.
+    if "$PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then   # a CPU rehearsal skips it
+        "$PY" tools/bench_block_attention.py --device cuda --dtype bfloat16 --out "$work/block_attention.json"
+    fi
     "$PY" tools/bench_train_scale.py --target "$RS_DIR" --steps 20 --checkpoint-every 10 --profile-steps 2 --workdir "$dir" \
         $RS_TRAIN_ARGS --out "$work/realsize_train.json"
 }

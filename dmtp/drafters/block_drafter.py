@@ -150,7 +150,7 @@ class BlockDrafter(nn.Module):
         limit = anchor_positions if keep is None else torch.where(keep, anchor_positions, 0)
         ctx_limit = limit.repeat_interleave(s, dim=1)
         block_ids = torch.arange(n, device=positions.device).repeat_interleave(s)[None].expand(b, -1)
-        hidden = self(slots.reshape(b, n * s, -1), positions, ctx_kv, ctx_positions, ctx_limit, block_ids)
+        hidden = self(slots.reshape(b, n * s, -1), positions, ctx_kv, ctx_positions, ctx_limit, block_ids, block_rows=s)
         hidden = hidden.view(b, n, s, -1)[:, :, inj.first_predicted_slot:]
         tokens = None if mtp is None else mtp.tokens
         out = DraftedBlock(hidden, inj.previous_token(anchor_tokens, tokens))

@@ -244,16 +244,57 @@ def dflash_attention_mask(noise_positions: torch.Tensor, ctx_positions: torch.Te
     return torch.cat([ctx, blk], dim=-1)[:, None]
 
 
+# Training drafts every block of a sequence in one forward (B x N blocks x s rows). Under one dense mask over
+# [context ; every block's rows] each query would pay for every other block's keys: 512 blocks of 16 beside 2048
+# context slots make 10240 keys per query, of which ~1040 are visible. Consecutive blocks are attended in groups
+# of at most this many rows instead, each group over [context ; its own rows]: the same visible keys, 4x fewer
+# pairs at that size, for one copy of the context K/V per group (tools/bench_block_attention.py: 512 rows was
+# the fastest of 512 / 1024 / 2048 on CPU, x4.25 the dense mask's forward + backward). Fewer rows (decoding's one
+# block) are one group; 0 turns grouping off (benchmarks compare both in one process).
+BLOCK_GROUP_ROWS = 512
+
+
+def block_groups(num_blocks: int, block_rows: int) -> int:
+    """How many groups of consecutive blocks a forward's queries are attended in: the fewest that split the
+    blocks evenly into groups of at most BLOCK_GROUP_ROWS rows, looked for up to twice that few; else 1 (one
+    group: a count of blocks with no such divisor is attended whole, as before)."""
+    if BLOCK_GROUP_ROWS <= 0:
+        return 1
+    per_group = max(1, BLOCK_GROUP_ROWS // block_rows)
+    fewest = -(-num_blocks // per_group)
+    if fewest <= 1:
+        return 1
+    return next((g for g in range(fewest, 2 * fewest + 1) if num_blocks % g == 0), 1)
+
+
+def _rows_by_group(t: torch.Tensor, groups: int) -> torch.Tensor:
+    """[B, heads, R, d] -> [B x groups, heads, R / groups, d]: consecutive rows to one group each."""
+    b, h, r, d = t.shape
+    return t.view(b, h, groups, r // groups, d).transpose(1, 2).reshape(b * groups, h, r // groups, d)
+
+
+def attend_context_and_blocks(q, k, v, ctx_k, ctx_v, mask, groups: int = 1):
+    """The block queries q [B, h, R, d] over [context K/V ; the blocks' own K/V k, v], under `mask` (`attend`'s
+    forms). groups > 1: the rows split into that many groups of consecutive rows, each over [context ; its own
+    rows], under a mask [B x groups, 1, R / groups, C + R / groups] (`DFlashDrafter.forward` builds it)."""
+    if groups == 1:
+        return attend(q, torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2), mask)
+    b, h, r, d = q.shape
+    keys = torch.cat([ctx_k.repeat_interleave(groups, dim=0), _rows_by_group(k, groups)], dim=2)
+    values = torch.cat([ctx_v.repeat_interleave(groups, dim=0), _rows_by_group(v, groups)], dim=2)
+    out = attend(_rows_by_group(q, groups), keys, values, mask)
+    return out.view(b, groups, h, r // groups, d).transpose(1, 2).reshape(b, h, r, d)
+
+
 class DFlashLayer(Qwen3DecoderLayer):
     """Qwen3 pre-norm layer whose attention also reads precomputed context keys/values."""
 
-    def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask, groups: int = 1):
         attn = self.self_attn
         h = self.input_layernorm(x)
         q = attn.project_q(h, cos, sin)
         k, v = attn.project_kv(h, cos, sin)
-        k, v = torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)
-        x = x + attn.output(attend(q, k, v, mask))
+        x = x + attn.output(attend_context_and_blocks(q, k, v, ctx_k, ctx_v, mask, groups))
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -307,21 +348,28 @@ class DFlashDrafter(nn.Module):
         return [layer.self_attn.project_kv(ctx_hidden, cos, sin) for layer in self.layers]
 
     def forward(self, noise_embeds: torch.Tensor, noise_positions: torch.Tensor, ctx_kv, ctx_positions: torch.Tensor,
-                ctx_limit: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+                ctx_limit: torch.Tensor, block_ids: torch.Tensor, block_rows: int | None = None) -> torch.Tensor:
         """noise_embeds [B, Q, H] (any number of blocks flattened), noise_positions/ctx_limit/block_ids [B, Q],
         ctx_kv from `context_kv` over ctx_positions [B, C]. ctx_limit is each query's anchor position: it sees
         context strictly before it. Invalid context slots: give them a position >= every ctx_limit.
-        Returns hidden states [B, Q, H] after the final norm."""
+        block_rows: the rows are consecutive blocks of this many (block ids in order), so that many blocks
+        are attended in groups (`block_groups`); None: one group. Returns hidden states [B, Q, H] after the
+        final norm."""
         cos, sin = self._rope(noise_positions, noise_embeds.dtype)
+        b, rows = noise_positions.shape
+        groups = block_groups(rows // block_rows, block_rows) if block_rows else 1
+        # Each group's rows as a batch row of their own (`attend_context_and_blocks`), beside a copy of the context.
+        by_group = (lambda t: t.reshape(b * groups, rows // groups)) if groups > 1 else (lambda t: t)  # noqa: E731
+        mask_ctx = ctx_positions.repeat_interleave(groups, dim=0) if groups > 1 else ctx_positions
         masks: dict[tuple, torch.Tensor] = {}
         extra = self._layer_inputs(noise_positions, block_ids)
         x = noise_embeds
         for i, layer in enumerate(self.layers):
             key = (self.config.is_causal_for(i), self.config.window_for(i))
             if key not in masks:   # built once per layer kind, in the additive form every layer reads as is
-                masks[key] = additive_mask(dflash_attention_mask(noise_positions, ctx_positions, ctx_limit, block_ids,
-                                                                 *key), noise_embeds.dtype)
-            x = layer(x, cos, sin, ctx_kv[i][0], ctx_kv[i][1], masks[key], **extra)
+                masks[key] = additive_mask(dflash_attention_mask(by_group(noise_positions), mask_ctx, by_group(ctx_limit),
+                                                                 by_group(block_ids), *key), noise_embeds.dtype)
+            x = layer(x, cos, sin, ctx_kv[i][0], ctx_kv[i][1], masks[key], groups=groups, **extra)
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
@@ -389,5 +437,5 @@ register_drafter(name="dflash", published=DFLASH_ARCH, dmtp_published="DMTPDraft
     DFlashDrafter)
 
 
-__all__ = ["BLOCK_SIZE_RANGE", "require_block_size", "DFlashConfig", "DFlashDrafter", "DFlashLayer", "DFLASH_ARCH",
+__all__ = ["BLOCK_GROUP_ROWS", "BLOCK_SIZE_RANGE", "attend_context_and_blocks", "block_groups", "require_block_size", "DFlashConfig", "DFlashDrafter", "DFlashLayer", "DFLASH_ARCH",
            "FULL", "SLIDING", "build_target_layer_ids", "default_sampler", "dflash_attention_mask"]

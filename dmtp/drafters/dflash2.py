@@ -47,9 +47,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dmtp.drafters.dflash import DFlashConfig, DFlashDrafter, DFlashLayer, default_sampler
+from dmtp.drafters.dflash import DFlashConfig, DFlashDrafter, DFlashLayer, attend_context_and_blocks, default_sampler
 from dmtp.drafters.registry import register_drafter
-from dmtp.models.qwen3 import attend
 
 DFLASH2_ARCH = "DFlash2DraftModel"
 # The published config's fields (a published config must name each): conv taps and channels per group;
@@ -168,15 +167,15 @@ class DFlash2Layer(DFlashLayer):
         self.attention_conv = GroupedDynamicCausalConv(hidden_size, kernel_size, group_size)
         self.mlp_conv = GroupedDynamicCausalConv(hidden_size, kernel_size, group_size)
 
-    def forward(self, x, cos, sin, ctx_k, ctx_v, mask, conv_taps):
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask, groups: int = 1, *, conv_taps):
         attn, conv = self.self_attn, self.attention_conv
         h = self.input_layernorm(x)
         kern = conv.kernels(h)
         h = conv.mix(h, kern[:, :, 0], conv_taps)
         q = attn.project_q(h, cos, sin)
         k, v = attn.project_kv(h, cos, sin)
-        k, v = torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)
-        x = x + conv.mix(attn.output(attend(q, k, v, mask)), kern[:, :, 1], conv_taps)
+        out = attend_context_and_blocks(q, k, v, ctx_k, ctx_v, mask, groups)
+        x = x + conv.mix(attn.output(out), kern[:, :, 1], conv_taps)
         conv = self.mlp_conv
         h = self.post_attention_layernorm(x)
         kern = conv.kernels(h)
