@@ -13,6 +13,12 @@ each with its own anchor) and decoding (one block): a block query sees
   * keys of its own block (all of them, or only earlier ones on causal layers, within the window).
 Blocks never see each other, so running N blocks in one call equals N calls with one block each.
 
+Decoding (one block per request) has its context K/V in static per-layer caches whose slot index is
+the absolute position (`CachedContext`). There the layers do not copy the cache in front of the block's
+keys (training's layout, `torch.cat`): each layer writes its block's K/V into its own cache at the
+block's positions (scratch rows at or after the anchor, which the next context append overwrites) and
+attends the cache in place under `cached_block_mask`, the same visibility folded onto the slot axis.
+
 Parameter names equal the published DFlash tensor names, so `state_dict()` keys are the checkpoint keys.
 
 A drafter architecture is one registered file, as an injection variant is: its module class carries
@@ -27,6 +33,7 @@ hooks `auxiliary_loss` and `propose` let callers treat every drafter alike.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
@@ -35,8 +42,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from dmtp.drafters.registry import DFLASH_ARCH, architecture_of_names, register_drafter
-from dmtp.models.qwen3 import (Qwen3DecoderLayer, RMSNorm, additive_mask, attend, init_linear_, rope_cos_sin,
-                               rope_inv_freq)
+from dmtp.models.qwen3 import (KVCache, Qwen3DecoderLayer, RMSNorm, additive_mask, attend, init_linear_,
+                               rope_cos_sin, rope_inv_freq)
 from dmtp.models.rope_config import DEFAULT_ROPE_THETA, rope_theta
 from dmtp.models.temperature import scale_logits
 
@@ -236,17 +243,71 @@ def dflash_attention_mask(noise_positions: torch.Tensor, ctx_positions: torch.Te
     return torch.cat([ctx, blk], dim=-1)[:, None]
 
 
-class DFlashLayer(Qwen3DecoderLayer):
-    """Qwen3 pre-norm layer whose attention also reads precomputed context keys/values."""
+def cached_block_mask(noise_positions: torch.Tensor, ctx_limit: torch.Tensor, width: int, causal: bool = False,
+                      window: int | None = None) -> torch.Tensor:
+    """`dflash_attention_mask` of one block per request whose rows sit in the context cache at their own
+    positions: boolean [B, 1, Q, width] over cache slots (slot = absolute position). Query q sees slot j iff
+    j < ctx_limit[q] (context) or j is one of the block's slots, with j <= pq when causal and |pq - j| <
+    window when windowed. noise_positions/ctx_limit [B, Q]: the block's consecutive positions, each at or
+    after its anchor ctx_limit, so the two parts never overlap; and since every context slot lies before
+    every query, the causal and window rules apply to both parts alike. Slots from ctx_limit up to the
+    block and after it (scratch rows of earlier rounds) stay hidden."""
+    slots = torch.arange(width, device=noise_positions.device)
+    pq = noise_positions[:, :, None]
+    in_block = (slots >= noise_positions[:, :1, None]) & (slots <= noise_positions[:, -1:, None])
+    visible = (slots < ctx_limit[:, :, None]) | in_block
+    if causal:
+        visible = visible & (slots <= pq)
+    if window is not None:
+        visible = visible & ((pq - slots).abs() < window)
+    return visible[:, None]
 
-    def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
+
+@dataclass(frozen=True)
+class CachedContext:
+    """Decoding's context for `DFlashDrafter.forward`: each layer's static K/V cache (slot = absolute
+    position), attended over its first `width` slots, one block per request. The block's own K/V go into
+    the cache at the block's positions instead of after a copy of it (module docstring)."""
+    caches: Sequence[KVCache]
+    width: int
+
+    def mask(self, noise_positions: torch.Tensor, ctx_limit: torch.Tensor, causal: bool, window: int | None):
+        return cached_block_mask(noise_positions, ctx_limit, self.width, causal, window)
+
+
+@dataclass(frozen=True)
+class CacheSink:
+    """One layer's part of a `CachedContext`: its cache and the slots [B, Q] its block's K/V are written to."""
+    cache: KVCache
+    positions: torch.Tensor
+
+    def keys_values(self, k: torch.Tensor, v: torch.Tensor):
+        """Write the block's k/v [B, hkv, Q, d] at its slots (device-side indexing: no sync, static shapes);
+        -> the whole cache, which the mask cuts to the attended width."""
+        self.cache.write(self.positions, k, v)
+        return self.cache.k, self.cache.v
+
+
+class DFlashLayer(Qwen3DecoderLayer):
+    """Qwen3 pre-norm layer whose attention also reads precomputed context keys/values. `ctx`: the
+    context's (k, v) [B, hkv, C, d], the block's keys going after them (training; the mask's key axis is
+    [context | block]), or a `CacheSink` (decoding; the mask's key axis is the cache's slots)."""
+
+    def forward(self, x, cos, sin, ctx, mask):
         attn = self.self_attn
         h = self.input_layernorm(x)
         q = attn.project_q(h, cos, sin)
-        k, v = attn.project_kv(h, cos, sin)
-        k, v = torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)
+        k, v = self.keys_values(h, cos, sin, ctx)
         x = x + attn.output(attend(q, k, v, mask))
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def keys_values(self, h, cos, sin, ctx):
+        """The keys/values the block attends: its own, projected from h, with the context (see the class)."""
+        k, v = self.self_attn.project_kv(h, cos, sin)
+        if isinstance(ctx, CacheSink):
+            return ctx.keys_values(k, v)
+        ctx_k, ctx_v = ctx
+        return torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)
 
 
 class DFlashDrafter(nn.Module):
@@ -303,7 +364,16 @@ class DFlashDrafter(nn.Module):
         """noise_embeds [B, Q, H] (any number of blocks flattened), noise_positions/ctx_limit/block_ids [B, Q],
         ctx_kv from `context_kv` over ctx_positions [B, C]. ctx_limit is each query's anchor position: it sees
         context strictly before it. Invalid context slots: give them a position >= every ctx_limit.
+        Decoding passes a `CachedContext` instead (one block per request at consecutive positions; the cache's
+        slot is the position, so ctx_positions is not read): the block's K/V are written into the caches.
         Returns hidden states [B, Q, H] after the final norm."""
+        if isinstance(ctx_kv, CachedContext):
+            layer_ctx = [CacheSink(cache, noise_positions) for cache in ctx_kv.caches]
+            visibility = lambda causal, window: ctx_kv.mask(noise_positions, ctx_limit, causal, window)  # noqa: E731
+        else:
+            layer_ctx = ctx_kv
+            visibility = lambda causal, window: dflash_attention_mask(  # noqa: E731
+                noise_positions, ctx_positions, ctx_limit, block_ids, causal, window)
         cos, sin = self._rope(noise_positions, noise_embeds.dtype)
         masks: dict[tuple, torch.Tensor] = {}
         extra = self._layer_inputs(noise_positions, block_ids)
@@ -311,9 +381,8 @@ class DFlashDrafter(nn.Module):
         for i, layer in enumerate(self.layers):
             key = (self.config.is_causal_for(i), self.config.window_for(i))
             if key not in masks:   # built once per layer kind, in the additive form every layer reads as is
-                masks[key] = additive_mask(dflash_attention_mask(noise_positions, ctx_positions, ctx_limit, block_ids,
-                                                                 *key), noise_embeds.dtype)
-            x = layer(x, cos, sin, ctx_kv[i][0], ctx_kv[i][1], masks[key], **extra)
+                masks[key] = additive_mask(visibility(*key), noise_embeds.dtype)
+            x = layer(x, cos, sin, layer_ctx[i], masks[key], **extra)
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
@@ -381,5 +450,6 @@ register_drafter(name="dflash", published=DFLASH_ARCH, dmtp_published="DMTPDraft
     DFlashDrafter)
 
 
-__all__ = ["BLOCK_SIZE_RANGE", "require_block_size", "DFlashConfig", "DFlashDrafter", "DFlashLayer", "DFLASH_ARCH",
-           "FULL", "SLIDING", "build_target_layer_ids", "default_sampler", "dflash_attention_mask"]
+__all__ = ["BLOCK_SIZE_RANGE", "require_block_size", "CacheSink", "CachedContext", "DFlashConfig", "DFlashDrafter",
+           "DFlashLayer", "DFLASH_ARCH", "FULL", "SLIDING", "build_target_layer_ids", "cached_block_mask",
+           "default_sampler", "dflash_attention_mask"]

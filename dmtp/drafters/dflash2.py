@@ -168,14 +168,13 @@ class DFlash2Layer(DFlashLayer):
         self.attention_conv = GroupedDynamicCausalConv(hidden_size, kernel_size, group_size)
         self.mlp_conv = GroupedDynamicCausalConv(hidden_size, kernel_size, group_size)
 
-    def forward(self, x, cos, sin, ctx_k, ctx_v, mask, conv_taps):
+    def forward(self, x, cos, sin, ctx, mask, conv_taps):
         attn, conv = self.self_attn, self.attention_conv
         h = self.input_layernorm(x)
         kern = conv.kernels(h)
         h = conv.mix(h, kern[:, :, 0], conv_taps)
         q = attn.project_q(h, cos, sin)
-        k, v = attn.project_kv(h, cos, sin)
-        k, v = torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)
+        k, v = self.keys_values(h, cos, sin, ctx)
         x = x + conv.mix(attn.output(attend(q, k, v, mask)), kern[:, :, 1], conv_taps)
         conv = self.mlp_conv
         h = self.post_attention_layernorm(x)
