@@ -184,6 +184,20 @@ def test_bench_attention_modes_agree(capsys):
     assert e.value.code == 2 and "must be a multiple of --kv-heads" in capsys.readouterr().err
 
 
+def test_bench_drafter_kv_paths_agree_and_cached_allocates_no_kv_copy():
+    """tools/bench_drafter_kv.py: the in-place path gives the concatenating path's hidden states and allocates
+    at least one K/V copy (every layer, K and V) less per forward."""
+    import bench_drafter_kv
+
+    rows = bench_drafter_kv.main(["--batch-sizes", "2", "--contexts", "24", "64", "--layers", "2", "--hidden", "32",
+                                  "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--block", "4", "--reps", "1"])
+    assert [(r["batch"], r["context"], r["slots"]) for r in rows] == [(2, 24, 29), (2, 64, 69)]
+    for r in rows:
+        assert r["max_abs_diff"] < 1e-5
+        assert r["concat_alloc_bytes"] - r["cached_alloc_bytes"] >= r["kv_copy_bytes"] > 0
+    assert rows[0]["cached_alloc_bytes"] < rows[0]["concat_alloc_bytes"] < rows[1]["concat_alloc_bytes"]
+
+
 def test_train_scale_counts_model_flops_part_by_part(micro_target_dir):
     """The MFU's numerator: every part as the module docstring of tools/bench_train_scale.py writes it."""
     import bench_train_scale

@@ -269,10 +269,10 @@ def _check_positions_below_span(dec, seen, monkeypatch):
         monkeypatch.setattr(m.mtp, "forward_rows", lambda t, h, positions, cache, span=None: (
             check(positions, "mtp"), rows(t, h, positions, cache, span))[1])
     d = getattr(dec.proposer, "dstate", None)
-    if d is not None:   # the drafter reads context strictly before the anchor
+    if d is not None:   # the drafter reads context strictly before the anchor, writes its block's rows after it
         draft = d.draft
         monkeypatch.setattr(d, "draft", lambda anchor, anchor_pos, mtp, sampler, span=None: (
-            check(anchor_pos - 1, "drafter"), draft(anchor, anchor_pos, mtp, sampler, span))[1])
+            check(d.injection.slot_positions(anchor_pos), "drafter"), draft(anchor, anchor_pos, mtp, sampler, span))[1])
 
 
 @pytest.mark.parametrize("method", ["mtp415", "dual_anchor_zero_init", "context_fusion"])

@@ -23,8 +23,10 @@ State shared by the MTP-using methods is `MTPState`: the MTP's private static KV
 buffer of g (`g_buf[:, t] = g_t`, the MTP row that consumed (x_t, h_{t-1}); `g_buf[:, 0] = 0`), the
 same alignment as `NativeMTP.forward_teacher`. After each verify a fixed catch-up of W rows rebuilds
 the MTP rows at positions a+1..a+W from the TARGET's hidden states: row i consumes (y[i], h_verify[i]).
-`DrafterState` caches only the drafter's context K/V (positions < anchor); the block's own K/V are
-recomputed every round and never stored.
+`DrafterState` caches the drafter's context K/V (positions < anchor). The block's own K/V are recomputed
+every round and written into the same caches at the block's positions (rows from the anchor on, which the
+round's context append overwrites), so each layer attends its cache in place, never a copy of it
+(`dmtp.drafters.dflash.CachedContext`).
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ import torch
 from dmtp.decode.stage import Stage, present
 from dmtp.decode.verify import probs_from_logits, sample_from_probs
 from dmtp.drafters.block_drafter import BlockDrafter, MTPBlockInputs
+from dmtp.drafters.dflash import CachedContext
 from dmtp.models.mtp import NativeMTP
 from dmtp.models.mtp_chain import chain_mtp
 from dmtp.models.qwen3 import KVCache
@@ -129,14 +132,14 @@ class DrafterState:
 
     @property
     def context_caches(self) -> tuple:
-        """The context K/V, which `append` writes at the verified rows (positions >= the committed length)."""
+        """The context K/V, which `append` writes at the verified rows and `draft` at the block's rows (both
+        at positions >= the committed length)."""
         return tuple(self.caches)
 
     def allocate(self, batch: int, max_len: int, device, dtype) -> None:
         c = self.drafter.config
         self.caches = [KVCache(batch, c.num_key_value_heads, max_len, c.head_dim, dtype, device)
                        for _ in range(c.num_hidden_layers)]
-        self.ctx_positions = torch.arange(max_len, device=device).expand(batch, -1)
         self.slots = torch.zeros(batch, 1, self.injection.num_slots, c.hidden_size, dtype=dtype, device=device)
 
     def append(self, features: torch.Tensor, mtp_features: torch.Tensor | None, positions: torch.Tensor) -> None:
@@ -155,12 +158,13 @@ class DrafterState:
               span: int | None = None):
         """The block's K candidates [B, K], q [B, K, V] when sampling (else None) and the drafter's
         confidence [B, K] (None without a confidence head), from the slots `build` made; context
-        strictly before A, read from the first `span` cache slots (None: all)."""
-        w = self.ctx_positions.shape[1] if span is None else min(span, self.ctx_positions.shape[1])
-        ctx_kv = [(c.k[:, :, :w], c.v[:, :, :w]) for c in self.caches]
-        block = self.drafter.draft_block(self.embed_weight, anchor[:, None], anchor_pos[:, None], ctx_kv,
-                                         self.ctx_positions[:, :w], mtp, lm_head_weight=self.lm_head_weight,
-                                         sampler=sampler, slots=self.slots)
+        strictly before A, read from the first `span` cache slots (None: all). The block's rows are written
+        into the caches at its positions (A .. A + B - 1 at most), so `span` must cover them: the loop's
+        span covers every row a round touches (longest length + block width + 1)."""
+        max_len = self.caches[0].max_len
+        ctx = CachedContext(self.caches, max_len if span is None else min(span, max_len))
+        block = self.drafter.draft_block(self.embed_weight, anchor[:, None], anchor_pos[:, None], ctx, None, mtp,
+                                         lm_head_weight=self.lm_head_weight, sampler=sampler, slots=self.slots)
         return (block.candidates[:, 0], None if block.q is None else block.q[:, 0],
                 None if block.confidence is None else block.confidence[:, 0])
 
@@ -310,7 +314,9 @@ class DrafterProposer(Proposer):
             if schedule:   # verify the leading candidates whose predicted survival reaches the threshold
                 st.verify_limit.copy_((conf.cumprod(-1) >= threshold).sum(-1))
 
-        drafting = Stage("drafter", draft, writes=present(st.candidates, st.q, st.verify_limit if schedule else None))
+        # The block's K/V go into the context caches at rows from the anchor on: scratch, as the append's.
+        drafting = Stage("drafter", draft, writes=present(st.candidates, st.q, st.verify_limit if schedule else None),
+                         scratch=d.context_caches)
         if steps == 0:   # raw DFlash: no MTP
             return [Stage("t1_fusion", t1_fusion, writes=(d.slots,)), drafting]
         chain_writes = present(self.mtp_tokens, self.mtp_hidden, self.mtp_q)

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from dmtp.drafters.checkpoint import load_drafter, read_drafter_config, save_drafter
-from dmtp.drafters.dflash import DFlashConfig, DFlashDrafter, require_block_size
+from dmtp.drafters.dflash import CachedContext, DFlashConfig, DFlashDrafter, require_block_size
 from dmtp.drafters.factory import build_drafter, target_layer_ids_for
 from dmtp.drafters.fit import require_block_fit, require_context_width
 from dmtp.injection import Injection, variant_of
@@ -131,7 +131,7 @@ class BlockDrafter(nn.Module):
         return slots.view(b, n, *slots.shape[1:])
 
     def draft_block(self, embed_weight: torch.Tensor, anchor_tokens: torch.Tensor, anchor_positions: torch.Tensor,
-                    ctx_kv, ctx_positions: torch.Tensor, mtp: MTPBlockInputs | None = None, *,
+                    ctx_kv, ctx_positions: torch.Tensor | None, mtp: MTPBlockInputs | None = None, *,
                     keep: torch.Tensor | None = None, lm_head_weight: torch.Tensor | None = None, sampler=None,
                     slots: torch.Tensor | None = None, mtp_grad: bool = False) -> DraftedBlock:
         """Draft blocks [B, N] anchored at A = anchor_tokens at anchor_positions, in one forward: the
@@ -140,9 +140,13 @@ class BlockDrafter(nn.Module):
         then, with `lm_head_weight`, the candidates (the backbone's `propose`: argmax per slot, or
         `sampler`; DFlash2's selector path from the previous token), candidate j being the MTP's for
         j <= m. The reference round, the decoding loop, the training loss and the validation walk all
-        draft through here."""
+        draft through here. Decoding passes a `CachedContext` as `ctx_kv` (ctx_positions None: the cache's slot
+        is the position) and one block per request: the block's K/V are written into the caches (scratch rows
+        from A on, which the next context append overwrites)."""
         inj = self.injection
         b, n = anchor_positions.shape
+        if isinstance(ctx_kv, CachedContext) and n != 1:
+            raise ValueError(f"a cached context takes one block per request (its rows go into the caches), got {n}")
         if slots is None:
             slots = self.block_slots(embed_weight, anchor_tokens, mtp, mtp_grad)
         s = inj.num_slots

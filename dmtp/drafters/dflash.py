@@ -13,6 +13,12 @@ each with its own anchor) and decoding (one block): a block query sees
   * keys of its own block (all of them, or only earlier ones on causal layers, within the window).
 Blocks never see each other, so running N blocks in one call equals N calls with one block each.
 
+Decoding (one block per request) has its context K/V in static per-layer caches whose slot index is
+the absolute position (`CachedContext`). There the layers do not copy the cache in front of the block's
+keys (training's layout, `torch.cat`): each layer writes its block's K/V into its own cache at the
+block's positions (scratch rows at or after the anchor, which the next context append overwrites) and
+attends the cache in place under `cached_block_mask`, the same visibility folded onto the slot axis.
+
 Parameter names equal the published DFlash tensor names, so `state_dict()` keys are the checkpoint keys.
 
 A drafter architecture is one registered file, as an injection variant is: its module class carries
@@ -27,7 +33,7 @@ hooks `auxiliary_loss` and `propose` let callers treat every drafter alike.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import ClassVar
 
@@ -36,8 +42,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from dmtp.drafters.registry import DFLASH_ARCH, architecture_of_names, register_drafter
-from dmtp.models.qwen3 import (Qwen3DecoderLayer, RMSNorm, additive_mask, attend, init_linear_, rope_cos_sin,
-                               rope_inv_freq)
+from dmtp.models.qwen3 import (KVCache, Qwen3DecoderLayer, RMSNorm, additive_mask, attend, init_linear_,
+                               rope_cos_sin, rope_inv_freq)
 from dmtp.models.rope_config import DEFAULT_ROPE_THETA, rope_theta
 from dmtp.models.temperature import scale_logits
 
@@ -286,15 +292,70 @@ def attend_context_and_blocks(q, k, v, ctx_k, ctx_v, mask, groups: int = 1):
     return out.view(b, groups, h, r // groups, d).transpose(1, 2).reshape(b, h, r, d)
 
 
-class DFlashLayer(Qwen3DecoderLayer):
-    """Qwen3 pre-norm layer whose attention also reads precomputed context keys/values."""
+def cached_block_mask(noise_positions: torch.Tensor, ctx_limit: torch.Tensor, width: int, causal: bool = False,
+                      window: int | None = None) -> torch.Tensor:
+    """`dflash_attention_mask` of one block per request whose rows sit in the context cache at their own
+    positions: boolean [B, 1, Q, width] over cache slots (slot = absolute position). Query q sees slot j iff
+    j < ctx_limit[q] (context) or j is one of the block's slots, with j <= pq when causal and |pq - j| <
+    window when windowed. noise_positions/ctx_limit [B, Q]: the block's consecutive positions, each at or
+    after its anchor ctx_limit, so the two parts never overlap; and since every context slot lies before
+    every query, the causal and window rules apply to both parts alike. Slots from ctx_limit up to the
+    block and after it (scratch rows of earlier rounds) stay hidden."""
+    slots = torch.arange(width, device=noise_positions.device)
+    pq = noise_positions[:, :, None]
+    in_block = (slots >= noise_positions[:, :1, None]) & (slots <= noise_positions[:, -1:, None])
+    visible = (slots < ctx_limit[:, :, None]) | in_block
+    if causal:
+        visible = visible & (slots <= pq)
+    if window is not None:
+        visible = visible & ((pq - slots).abs() < window)
+    return visible[:, None]
 
-    def forward(self, x, cos, sin, ctx_k, ctx_v, mask, groups: int = 1):
+
+@dataclass(frozen=True)
+class CachedContext:
+    """Decoding's context for `DFlashDrafter.forward`: each layer's static K/V cache (slot = absolute
+    position), attended over its first `width` slots, one block per request. The block's own K/V go into
+    the cache at the block's positions instead of after a copy of it (module docstring)."""
+    caches: Sequence[KVCache]
+    width: int
+
+    def mask(self, noise_positions: torch.Tensor, ctx_limit: torch.Tensor, causal: bool, window: int | None):
+        return cached_block_mask(noise_positions, ctx_limit, self.width, causal, window)
+
+
+@dataclass(frozen=True)
+class CacheSink:
+    """One layer's part of a `CachedContext`: its cache and the slots [B, Q] its block's K/V are written to."""
+    cache: KVCache
+    positions: torch.Tensor
+
+    def keys_values(self, k: torch.Tensor, v: torch.Tensor):
+        """Write the block's k/v [B, hkv, Q, d] at its slots (device-side indexing: no sync, static shapes);
+        -> the whole cache, which the mask cuts to the attended width."""
+        self.cache.write(self.positions, k, v)
+        return self.cache.k, self.cache.v
+
+
+def attend_block(q, k, v, ctx, mask, groups: int = 1):
+    """The block queries q [B, h, R, d] with their own keys/values k, v [B, hkv, R, d] and the context `ctx`:
+    a `CacheSink` (decoding: the block's K/V written into the cache, the cache attended in place) or the
+    context's (k, v) [B, hkv, C, d] (training, the reference round, the walk: [context ; block] keys, in
+    `groups` groups of consecutive rows, `attend_context_and_blocks`)."""
+    if isinstance(ctx, CacheSink):
+        return attend(q, *ctx.keys_values(k, v), mask)
+    return attend_context_and_blocks(q, k, v, *ctx, mask, groups)
+
+
+class DFlashLayer(Qwen3DecoderLayer):
+    """Qwen3 pre-norm layer whose attention also reads the context's keys/values (`attend_block`)."""
+
+    def forward(self, x, cos, sin, ctx, mask, groups: int = 1):
         attn = self.self_attn
         h = self.input_layernorm(x)
         q = attn.project_q(h, cos, sin)
         k, v = attn.project_kv(h, cos, sin)
-        x = x + attn.output(attend_context_and_blocks(q, k, v, ctx_k, ctx_v, mask, groups))
+        x = x + attn.output(attend_block(q, k, v, ctx, mask, groups))
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -353,23 +414,31 @@ class DFlashDrafter(nn.Module):
         ctx_kv from `context_kv` over ctx_positions [B, C]. ctx_limit is each query's anchor position: it sees
         context strictly before it. Invalid context slots: give them a position >= every ctx_limit.
         block_rows: the rows are consecutive blocks of this many (block ids in order), so that many blocks
-        are attended in groups (`block_groups`); None: one group. Returns hidden states [B, Q, H] after the
-        final norm."""
-        cos, sin = self._rope(noise_positions, noise_embeds.dtype)
+        are attended in groups (`block_groups`); None: one group. Decoding passes a `CachedContext` instead (one
+        block per request at consecutive positions; the cache's slot is the position, so ctx_positions is not
+        read): the block's K/V are written into the caches. Returns hidden states [B, Q, H] after the final norm."""
         b, rows = noise_positions.shape
-        groups = block_groups(rows // block_rows, block_rows) if block_rows else 1
-        # Each group's rows as a batch row of their own (`attend_context_and_blocks`), beside a copy of the context.
-        by_group = (lambda t: t.reshape(b * groups, rows // groups)) if groups > 1 else (lambda t: t)  # noqa: E731
-        mask_ctx = ctx_positions.repeat_interleave(groups, dim=0) if groups > 1 else ctx_positions
+        if isinstance(ctx_kv, CachedContext):
+            groups = 1
+            layer_ctx = [CacheSink(cache, noise_positions) for cache in ctx_kv.caches]
+            visibility = lambda causal, window: ctx_kv.mask(noise_positions, ctx_limit, causal, window)  # noqa: E731
+        else:
+            groups = block_groups(rows // block_rows, block_rows) if block_rows else 1
+            # Each group's rows as a batch row of their own (`attend_context_and_blocks`), beside a copy of the context.
+            by_group = (lambda t: t.reshape(b * groups, rows // groups)) if groups > 1 else (lambda t: t)  # noqa: E731
+            mask_ctx = ctx_positions.repeat_interleave(groups, dim=0) if groups > 1 else ctx_positions
+            layer_ctx = ctx_kv
+            visibility = lambda causal, window: dflash_attention_mask(  # noqa: E731
+                by_group(noise_positions), mask_ctx, by_group(ctx_limit), by_group(block_ids), causal, window)
+        cos, sin = self._rope(noise_positions, noise_embeds.dtype)
         masks: dict[tuple, torch.Tensor] = {}
         extra = self._layer_inputs(noise_positions, block_ids)
         x = noise_embeds
         for i, layer in enumerate(self.layers):
             key = (self.config.is_causal_for(i), self.config.window_for(i))
             if key not in masks:   # built once per layer kind, in the additive form every layer reads as is
-                masks[key] = additive_mask(dflash_attention_mask(by_group(noise_positions), mask_ctx, by_group(ctx_limit),
-                                                                 by_group(block_ids), *key), noise_embeds.dtype)
-            x = layer(x, cos, sin, ctx_kv[i][0], ctx_kv[i][1], masks[key], groups=groups, **extra)
+                masks[key] = additive_mask(visibility(*key), noise_embeds.dtype)
+            x = layer(x, cos, sin, layer_ctx[i], masks[key], groups=groups, **extra)
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
@@ -437,5 +506,7 @@ register_drafter(name="dflash", published=DFLASH_ARCH, dmtp_published="DMTPDraft
     DFlashDrafter)
 
 
-__all__ = ["BLOCK_GROUP_ROWS", "BLOCK_SIZE_RANGE", "attend_context_and_blocks", "block_groups", "require_block_size", "DFlashConfig", "DFlashDrafter", "DFlashLayer", "DFLASH_ARCH",
-           "FULL", "SLIDING", "build_target_layer_ids", "default_sampler", "dflash_attention_mask"]
+__all__ = ["BLOCK_GROUP_ROWS", "BLOCK_SIZE_RANGE", "CacheSink", "CachedContext", "DFlashConfig", "DFlashDrafter",
+           "DFlashLayer", "DFLASH_ARCH", "FULL", "SLIDING", "attend_block", "attend_context_and_blocks", "block_groups",
+           "build_target_layer_ids", "cached_block_mask", "default_sampler", "dflash_attention_mask",
+           "require_block_size"]

@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dmtp.drafters.dflash import DFlashConfig, DFlashDrafter, DFlashLayer, attend_context_and_blocks, default_sampler
+from dmtp.drafters.dflash import DFlashConfig, DFlashDrafter, DFlashLayer, attend_block, default_sampler
 from dmtp.drafters.registry import register_drafter
 
 DFLASH2_ARCH = "DFlash2DraftModel"
@@ -167,15 +167,14 @@ class DFlash2Layer(DFlashLayer):
         self.attention_conv = GroupedDynamicCausalConv(hidden_size, kernel_size, group_size)
         self.mlp_conv = GroupedDynamicCausalConv(hidden_size, kernel_size, group_size)
 
-    def forward(self, x, cos, sin, ctx_k, ctx_v, mask, groups: int = 1, *, conv_taps):
+    def forward(self, x, cos, sin, ctx, mask, groups: int = 1, *, conv_taps):
         attn, conv = self.self_attn, self.attention_conv
         h = self.input_layernorm(x)
         kern = conv.kernels(h)
         h = conv.mix(h, kern[:, :, 0], conv_taps)
         q = attn.project_q(h, cos, sin)
         k, v = attn.project_kv(h, cos, sin)
-        out = attend_context_and_blocks(q, k, v, ctx_k, ctx_v, mask, groups)
-        x = x + conv.mix(attn.output(out), kern[:, :, 1], conv_taps)
+        x = x + conv.mix(attn.output(attend_block(q, k, v, ctx, mask, groups)), kern[:, :, 1], conv_taps)
         conv = self.mlp_conv
         h = self.post_attention_layernorm(x)
         kern = conv.kernels(h)
