@@ -184,6 +184,28 @@ def test_bench_attention_modes_agree(capsys):
     assert e.value.code == 2 and "must be a multiple of --kv-heads" in capsys.readouterr().err
 
 
+def test_bench_block_attention_groups_agree_with_the_dense_mask_and_compute_fewer_pairs(capsys):
+    """tools/bench_block_attention.py: training's attention in groups of blocks gives the dense mask's output and
+    gradients, over fewer (query, key) pairs, and leaves the shipped group size as it was."""
+    import bench_block_attention
+    import pytest
+
+    import dmtp.drafters.dflash as dflash
+
+    shipped = dflash.BLOCK_GROUP_ROWS
+    rows = bench_block_attention.main(["--group-rows", "0", "16", "--batch", "2", "--context", "48", "--blocks", "8",
+                                       "--block", "4", "--heads", "4", "--kv-heads", "2", "--head-dim", "8",
+                                       "--reps", "1"])
+    assert dflash.BLOCK_GROUP_ROWS == shipped
+    dense, grouped = rows
+    assert (dense["groups"], grouped["groups"]) == (1, 2)
+    assert dense["pairs"] == 2 * 32 * (48 + 32) and grouped["pairs"] == 2 * 32 * (48 + 16)
+    assert grouped["max_abs_diff"] < 1e-5 and min(dense["ms"], grouped["ms"]) > 0
+    with pytest.raises(SystemExit) as e:
+        bench_block_attention.main(["--blocks", "60", "--context", "64"])
+    assert e.value.code == 2 and "need a --context longer" in capsys.readouterr().err
+
+
 def test_bench_drafter_kv_paths_agree_and_cached_allocates_no_kv_copy():
     """tools/bench_drafter_kv.py: the in-place path gives the concatenating path's hidden states and allocates
     at least one K/V copy (every layer, K and V) less per forward."""
