@@ -28,7 +28,8 @@
 #                       time) vs our loop on the same target and drafter, and AR vs transformers generate()
 #            rs_context AR at batch 1 and 32, contexts 256 / 2k / 8k, GQA repeat (the old K/V copy) vs grouped
 #            rs_kernels per-kernel time of one AR step and one verify round (torch.profiler), batch 1
-#            rs_attention one attention call per GQA mode at 8B attention shapes (tools/bench_attention.py)
+#            rs_attention one attention call per GQA mode at 8B attention shapes (tools/bench_attention.py), and
+#                       the drafter's forward with its context cache copied vs attended in place (bench_drafter_kv.py)
 #            rs_train   realsize_train: tools/bench_block_attention.py (the drafter's training attention, dense
 #                       mask vs groups of blocks), then tools/bench_train_scale.py, 20 FSDP training steps at 8B
 #                       shapes for DMTP and raw DFlash (~3-4 min by estimate: its own call, GPU_CHECK_STEPS="realsize_train")
@@ -230,6 +231,10 @@ rs_attention() {   # one attention call per GQA mode at 8B attention shapes: the
     [ "$dev" = cuda ] && dtype=bfloat16
     "$PY" tools/bench_attention.py --device "$dev" --dtype "$dtype" --batch-sizes $RS_BATCHES --rows 1 16 \
         --slots $RS_CONTEXTS --out "$work/realsize_attention.json"
+    # The published-size drafter's forward with its context cache copied per round vs attended in place.
+    local hidden=4096; [ "$dev" = cuda ] || hidden=64
+    "$PY" tools/bench_drafter_kv.py --device "$dev" --dtype "$dtype" --hidden "$hidden" --batch-sizes $RS_BATCHES \
+        --contexts $RS_CONTEXTS --out "$work/realsize_drafter_kv.json"
 }
 
 rs_kernels() {  # per-kernel time of one AR step and one verify round of raw DFlash and DMTP, batch 1, context 256
@@ -285,14 +290,14 @@ if wants bench; then
 fi
 if wants peer; then step peer 75 bench_peer >"$out/bench_peer.txt" 2>&1; quiet <"$out/bench_peer.txt" | grep -vE "^report written"; fi
 if wants realsize || wants realsize_train; then
-    # Limits (x SCALE): target 90, table 120, peer 100, context 120, kernels 70, attention 30: 530 s, so that install + realsize fit
+    # Limits (x SCALE): target 90, table 110, peer 100, context 110, kernels 70, attention 50: 530 s, so that install + realsize fit
     # one 600 s call (estimated ~390 s on an H200). The training has a call of its own: GPU_CHECK_STEPS="realsize_train" runs
     # the target (reused while the machine is warm) and the training only (limit RS_TRAIN_LIMIT). Without the target nothing
     # else can run; every other sub-step runs even if the one before failed.
     { step rs_target 90 rs_target && {
         if wants realsize; then
-            step rs_table 120 rs_table; step rs_peer 100 rs_peer; step rs_context 120 rs_context
-            step rs_kernels 70 rs_kernels; step rs_attention 30 rs_attention
+            step rs_table 110 rs_table; step rs_peer 100 rs_peer; step rs_context 110 rs_context
+            step rs_kernels 70 rs_kernels; step rs_attention 50 rs_attention
         fi
         if wants realsize_train; then step rs_train "$RS_TRAIN_LIMIT" realsize_train; fi; }; } >"$out/realsize.txt" 2>&1
     # The console gets the tables but not the kernel lists (they are in realsize.txt): the call's tail is 12k characters.
