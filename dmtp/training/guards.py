@@ -1,7 +1,8 @@
 """Training stops at the first non-finite number instead of exporting a broken drafter.
 
-`FiniteGuard` checks, every step, the loss before backward, the gradients before the optimizer step
-and the trained weights after it. The first non-finite one raises `NonFiniteError` (a ValueError, so
+`FiniteGuard` checks, every step, the loss and the gradients before the optimizer step (in one read to the
+host, after the backward: a read before it would hold the backward's launch until the forward had finished
+on the device) and the trained weights after it. The first non-finite one raises `NonFiniteError` (a ValueError, so
 the command ends with one line and a non-zero status) naming the step, the quantity and the last good
 checkpoint. The weights are checked before any checkpoint callback runs (Lightning runs those last),
 so every checkpoint on disk holds finite weights. `dmtp.train` always adds the guard: it is a safety
@@ -51,15 +52,24 @@ class FiniteGuard(L.Callback):
         raise NonFiniteError(f"training stopped at step {step}: {what} (lower model.optimizer.lr?); {where}; "
                              "no drafter exported")
 
+    def __init__(self) -> None:
+        self._losses: list[torch.Tensor] = []   # this optimizer step's losses (one per accumulated batch)
+
     def on_before_backward(self, trainer, pl_module, loss: torch.Tensor) -> None:
-        value = loss.detach().float().sum().item()
-        self._stop_if(trainer, not math.isfinite(value), trainer.global_step + 1, f"the loss is {value}")
+        self._losses.append(loss.detach())      # checked before the optimizer step, with the gradients
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        if getattr(trainer.precision_plugin, "scaler", None) is not None:
-            return  # fp16 loss scaling: an overflowing step is expected, and the scaler skips it
-        name = _first_nonfinite((n, p.grad) for n, p in pl_module.named_parameters())
-        self._stop_if(trainer, name is not None, trainer.global_step + 1, f"the gradient of {name} is non-finite")
+        losses, self._losses = self._losses, []
+        # fp16 loss scaling: an overflowing gradient is expected, and the scaler skips that step.
+        scaled = getattr(trainer.precision_plugin, "scaler", None) is not None
+        grads = [] if scaled else [(n, p.grad) for n, p in pl_module.named_parameters()]
+        name = _first_nonfinite([("loss", loss) for loss in losses] + grads)
+        if name == "loss":
+            value = next(v for v in (loss.float().sum().item() for loss in losses) if not math.isfinite(v))
+            what = f"the loss is {value}"
+        else:
+            what = f"the gradient of {name} is non-finite"
+        self._stop_if(trainer, name is not None, trainer.global_step + 1, what)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         name = _first_nonfinite((n, p) for n, p in pl_module.named_parameters() if p.requires_grad)

@@ -139,18 +139,20 @@ class DMTPModule(L.LightningModule):
         `draws` (dmtp.training.draws), else from `generator`."""
         inj = self.drafter.injection
         draws = draws or BatchDraws(generator)
+        # The draws first: they read the anchors' count on the host, which waits only for this batch's copy
+        # here, not for the target's forward (the whole step is then queued on the device without a wait).
+        anchors, keep = sample_anchors(valid_anchors(inj, loss_mask), self.num_anchors, draws=draws)
+        num = inj.sample_num_mtp(anchors.shape, draws, input_ids.device) if inj.uses_mtp else None
         feats = teacher_features(self.target, self.mtp, self.drafter, input_ids, mtp_grad=self.train_mtp,
                                  logits=self.needs_target_logits)
-        anchors, keep = sample_anchors(valid_anchors(inj, loss_mask), self.num_anchors, draws=draws)
         t = input_ids.shape[1]
-        mtp_inputs = num = None
+        mtp_inputs = None
         if inj.uses_mtp:
             # T1..TM: the data tokens after each anchor (teacher forcing); m of them per block.
             steps = inj.max_mtp_tokens
             offsets = torch.arange(1, steps + 1, device=input_ids.device)
             after = (anchors[..., None] + offsets).clamp(max=t - 1)
             data = input_ids.gather(1, after.flatten(1)).view_as(after)
-            num = inj.sample_num_mtp(anchors.shape, draws, input_ids.device)
             chain = mtp_block_inputs(self.mtp, feats, anchors, steps, tokens=data, mtp_grad=self.train_mtp)
             if self.t1_source == "mtp":   # keep a block only if the MTP itself proposes its m tokens
                 own = self.mtp.logits(chain.hidden).argmax(-1)
@@ -251,8 +253,8 @@ class DMTPModule(L.LightningModule):
             self.log("train/mtp_loss", self.last_mtp_loss, batch_size=bs)
         inj = self.drafter.injection
         first = inj.first_predicted_slot + inj.first_slot_offset
-        for k, a in enumerate(acc.tolist()):
-            self.log(f"train/acc_pos{first + k}", a, batch_size=bs)
+        for k in range(acc.shape[0]):   # device tensors: logging them reads nothing back before the backward
+            self.log(f"train/acc_pos{first + k}", acc[k], batch_size=bs)
         self.log("train/blocks", n.float(), batch_size=bs, reduce_fx="sum")
         return loss
 
