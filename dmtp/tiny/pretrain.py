@@ -75,7 +75,8 @@ def pretrain(model, mtp: NativeMTP, data: DomainStreams, preset: TinyPreset, pro
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
-        bar.set_postfix(loss=f"{main.item():.3f}", mtp=f"{side.item():.3f}")
+        # Not redrawn per step: the bar's 2 s interval keeps a log file's copy of it short.
+        bar.set_postfix(loss=f"{main.item():.3f}", mtp=f"{side.item():.3f}", refresh=False)
     model.eval(), mtp.eval()
     seconds = time.perf_counter() - start
     tokens = preset.steps * preset.batch_size * preset.seq_len

@@ -238,7 +238,7 @@ def _fill(out_dir: Path, target, prompts, settings: RegenSettings, eos_ids, mtp,
         outputs.extend(shard)
         bar.update(len(chunk))
         if written:
-            bar.set_postfix(tok_s=f"{written / (time.perf_counter() - started):.0f}")
+            bar.set_postfix(tok_s=f"{written / (time.perf_counter() - started):.0f}", refresh=False)
     bar.close()
     if hasattr(writer, "close"):   # an engine with processes of its own (vLLM): stop them now (a wrapping
         writer.close()             # writer, e.g. a test's, may have nothing to close)
