@@ -275,9 +275,8 @@ class DMTPModule(L.LightningModule):
         if self.val_walk:   # across data-parallel ranks each walks its share of the rows (summed at the end)
             trainer = self._trainer
             rows, counts = walk_share(bs, trainer.global_rank if trainer else 0, trainer.world_size if trainer else 1)
-            rows = rows.to(batch["input_ids"].device)
-            result = exact_acceptance(self.target, self.mtp, self.drafter, batch["input_ids"][rows],
-                                      batch["prompt_len"][rows], batch["length"][rows],
+            ids, prompt_len, length = (batch[k][rows.to(batch[k].device)] for k in ("input_ids", "prompt_len", "length"))
+            result = exact_acceptance(self.target, self.mtp, self.drafter, ids, prompt_len, length,
                                       mtp_chain_steps=self.val_mtp_chain_steps)
             self._val_results.setdefault(domain, []).append(result if counts else empty_walk(result))
 
