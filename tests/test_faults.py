@@ -221,3 +221,25 @@ def test_a_run_recorded_before_an_entry_point_moved_resumes_with_the_new_one(tmp
     module, _, name = restored.target._target_.rpartition(".")
     assert restored.target._target_ == "dmtp.tiny.targets.load_target" and restored.target.preset == "micro"
     assert callable(getattr(importlib.import_module(module), name))
+
+
+def test_every_moved_entry_point_exists_and_a_run_recorded_before_the_data_records_resumes(tmp_path):
+    """The data module's Hydra entry became `data_module` (its flat options grouped into records, issue 35): a
+    run recorded with `DraftDataModule` and flat options builds its data module again."""
+    import importlib
+
+    from omegaconf import OmegaConf
+
+    from dmtp.configs import compose_train, instantiate
+    from dmtp.training.datamodule import DraftDataModule
+    from dmtp.training.run_config import MOVED_TARGETS, RECORD_KEY, recorded_config
+
+    for new in MOVED_TARGETS.values():
+        module, _, name = new.rpartition(".")
+        assert callable(getattr(importlib.import_module(module), name)), new
+    data = OmegaConf.to_container(compose_train([]).data, resolve=True)
+    data["_target_"] = "dmtp.training.datamodule.DraftDataModule"
+    restored = recorded_config(tmp_path, {RECORD_KEY: OmegaConf.to_yaml({"seed": 5, "data": data})})
+    assert restored.data._target_ == "dmtp.training.datamodule.data_module"
+    built = instantiate(restored.data)(tokenizer=None, target=None)
+    assert type(built) is DraftDataModule and built.loader.seq_len == data["seq_len"]

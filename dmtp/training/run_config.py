@@ -21,7 +21,9 @@ from omegaconf import DictConfig, OmegaConf
 RECORD_KEY = "dmtp_config"
 # Hydra entry points that moved since a run may have recorded them: old name -> new name, so an older run
 # resumes (and compares equal to today's config) after the move.
-MOVED_TARGETS = {"dmtp.models.target.load_target": "dmtp.tiny.targets.load_target"}
+MOVED_TARGETS = {"dmtp.models.target.load_target": "dmtp.tiny.targets.load_target",
+                 # conf/data's flat options are grouped into records by this entry point (issue 35)
+                 "dmtp.training.datamodule.DraftDataModule": "dmtp.training.datamodule.data_module"}
 
 RESUME_MAY_CHANGE = (
     "trainer.max_steps",            # extend (or shorten) the run
