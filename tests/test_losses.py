@@ -8,7 +8,7 @@ import torch
 from dmtp.configs import compose_train
 from dmtp.training.job import build_components
 from dmtp.training.losses import total_variation
-from dmtp.training.module import DMTPModule
+from dmtp.training.module import dmtp_module
 
 
 def test_total_variation_follows_its_definition():
@@ -62,4 +62,4 @@ def test_tv_loss_learns_and_lowers_tv():
 
 def test_unknown_loss_is_one_line():
     with pytest.raises(ValueError, match=r"^model.loss must be one of ce, tv, dspark, got 'kl'$"):
-        DMTPModule(None, None, None, None, loss="kl")
+        dmtp_module(None, None, None, None, loss="kl")

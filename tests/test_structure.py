@@ -3,7 +3,7 @@ own file (the import rules themselves, circles, tiers and commands, are tests/te
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 
@@ -126,9 +126,10 @@ def test_with_training_options_takes_a_runs_schedule_and_checks_it():
         config.with_training_options({"selector_ramp_steps": -1})
 
 
-def test_the_decode_state_and_the_data_module_are_built_from_small_records():
-    """They took 14 and 29 loose options; each group is now one typed record (sizes, widths, reads; source,
-    regeneration, validation, loader), so a new option lands in its group, not in a longer signature."""
+def test_the_decode_state_the_data_module_and_the_lightning_module_are_built_from_small_records():
+    """They took 14, 29 and 14 loose options; each group is now one typed record (sizes, widths, reads; source,
+    regeneration, validation, loader; objective, walk, joint MTP), so a new option lands in its group, not in a
+    longer signature."""
     import inspect
 
     from dmtp.decode.state import DecodeState, ProposerReads, StateSize, TargetWidths
@@ -144,3 +145,13 @@ def test_the_decode_state_and_the_data_module_are_built_from_small_records():
                    LoaderOptions):
         assert len(inspect.signature(record).parameters) <= 12, record.__name__
     assert params(DraftDataModule) == ["tokenizer", "target", "source", "regen", "val", "loader", "seed"]
+    from dmtp.training.module import DMTPModule
+    from dmtp.training.module_options import FLAT_KEYS, RECORDS
+
+    assert params(DMTPModule) == ["target", "mtp", "drafter", "optimizer", "scheduler", "objective", "walk", "joint"]
+    # conf/train.yaml's flat model.* keys are exactly the records' fields (besides the optimizer and schedule).
+    from dmtp.configs import compose_train
+
+    flat = set(compose_train([]).model) - {"_target_", "_partial_", "optimizer", "scheduler"}
+    assert flat == set(FLAT_KEYS)
+    assert set(FLAT_KEYS.values()) == {(r, f.name) for r, cls in RECORDS.items() for f in fields(cls)}

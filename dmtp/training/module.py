@@ -21,21 +21,16 @@ import torch.nn.functional as F
 
 from dmtp.drafters.block_drafter import BlockDrafter, MTPBlockInputs
 from dmtp.drafters.fit import require_target_fit
-from dmtp.training.losses import require_loss, total_variation
+from dmtp.training.losses import total_variation
 from dmtp.training.blocks import (draft_blocks, mtp_block_inputs, predicted_positions, sample_anchors, teacher_features,
                                   valid_anchors)
 from dmtp.training.draws import BatchDraws, RowDraws
 from dmtp.training.fsdp import gathered, is_sharded, shard_trainable
+from dmtp.training.module_options import JointMTP, Objective, WalkOptions, grouped
 from dmtp.training.resume import current_key
 from dmtp.training.validation import empty_walk, exact_acceptance, merged_walk, summed_over_ranks, walk_share
 
 FROZEN_PREFIXES = ("target.", "mtp.")   # what checkpoints leave out (the MTP is kept when it trains)
-# data: CE on the data tokens | target: CE on the target's own greedy token at each position |
-# target_kl: KL from the target's whole next-token distribution (soft distillation labels)
-LABEL_SOURCES = ("data", "target", "target_kl")
-# data: T1 is the data token (teacher forcing) | mtp: T1 is the MTP's own greedy token, as in decoding;
-# a block whose T1 differs from the data token gets no loss (nothing after a rejected T1 is verified)
-T1_SOURCES = ("data", "mtp")
 
 
 def decay_weights(n: int, gamma: float, device=None) -> torch.Tensor:
@@ -44,43 +39,38 @@ def decay_weights(n: int, gamma: float, device=None) -> torch.Tensor:
     return torch.exp(-k / gamma) if gamma and gamma > 0 else torch.ones(n, device=device)
 
 
+def dmtp_module(target, mtp, drafter: BlockDrafter, optimizer, scheduler=None, **options) -> "DMTPModule":
+    """Hydra's entry point (conf/train.yaml `model:`): the flat options grouped into their records
+    (dmtp.training.module_options)."""
+    return DMTPModule(target, mtp, drafter, optimizer, scheduler, **grouped(options))
+
+
 class DMTPModule(L.LightningModule):
     def __init__(self, target, mtp, drafter: BlockDrafter, optimizer, scheduler=None,
-                 num_anchors: int = 32, loss_gamma: float = 4.0, label_source: str = "data",
-                 t1_source: str = "data", val_walk: bool = True, val_mtp_chain_steps: int = 4,
-                 train_mtp: bool = False, mtp_loss_weight: float = 1.0, loss: str = "ce"):
+                 objective: Objective = Objective(), walk: WalkOptions = WalkOptions(), joint: JointMTP = JointMTP()):
         super().__init__()
-        self.loss_mix = require_loss(loss)   # (CE weight, TV weight): dmtp/training/losses.py
-        self.loss_name = loss
-        if label_source not in LABEL_SOURCES:
-            raise ValueError(f"label_source must be one of {', '.join(LABEL_SOURCES)}, got {label_source!r}")
-        if t1_source not in T1_SOURCES:
-            raise ValueError(f"t1_source must be one of {', '.join(T1_SOURCES)}, got {t1_source!r}")
+        self.loss_mix = objective.loss_mix   # (CE weight, TV weight): dmtp/training/losses.py
+        self.loss_name = objective.loss
         if drafter.needs_mtp and mtp is None:
             raise ValueError("this injection variant needs the target's MTP layer, but none was loaded")
-        if train_mtp not in (True, False):
-            raise ValueError(f"train_mtp must be true or false, got {train_mtp!r}")
-        if train_mtp and mtp is None:
+        if joint.train and mtp is None:
             raise ValueError("model.train_mtp=true trains the target's MTP with the drafter, but this injection "
                              "variant does not use the MTP")
-        if isinstance(mtp_loss_weight, bool) or not isinstance(mtp_loss_weight, (int, float)) \
-                or not mtp_loss_weight >= 0:
-            raise ValueError(f"mtp_loss_weight must be a number >= 0, got {mtp_loss_weight!r}")
         require_target_fit(drafter.config, target)
         self.target, self.mtp = target, mtp
         self.drafter = drafter
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
-        self.num_anchors, self.loss_gamma, self.label_source = num_anchors, loss_gamma, label_source
-        self.t1_source = t1_source
-        self.val_walk = val_walk
+        self.num_anchors, self.loss_gamma = objective.num_anchors, objective.loss_gamma
+        self.label_source, self.t1_source = objective.label_source, objective.t1_source
+        self.val_walk = walk.enabled
         k = drafter.num_candidates   # the chain is compared within the drafter's block
-        if isinstance(val_mtp_chain_steps, bool) or not isinstance(val_mtp_chain_steps, int) \
-                or not 0 <= val_mtp_chain_steps <= k:
-            raise ValueError(f"val_mtp_chain_steps must be an integer in 0..{k}, got {val_mtp_chain_steps!r} "
+        steps = walk.mtp_chain_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps <= k:
+            raise ValueError(f"val_mtp_chain_steps must be an integer in 0..{k}, got {steps!r} "
                              f"(the chain is walked within the drafter's block of {k + 1})")
-        self.val_mtp_chain_steps = val_mtp_chain_steps
-        self.train_mtp, self.mtp_loss_weight = train_mtp, float(mtp_loss_weight)
-        if train_mtp:   # its own layers only: the embedding and LM head are the target's, never trained
+        self.val_mtp_chain_steps = steps
+        self.train_mtp, self.mtp_loss_weight = joint.train, joint.loss_weight
+        if joint.train:   # its own layers only: the embedding and LM head are the target's, never trained
             mtp.requires_grad_(True)
         self.strict_loading = False  # checkpoints omit the frozen target and MTP
         self._val_results: dict[str, list[dict]] = {}

@@ -1,0 +1,89 @@
+"""The LightningModule's options as three small records: what the loss trains toward (`Objective`), the exact
+validation walk (`WalkOptions`) and joint training of the MTP (`JointMTP`). Each checks its own values.
+
+conf/train.yaml's `model:` keeps its flat keys (`model.num_anchors=512`, `model.val_walk=false`, ...);
+`FLAT_KEYS` is the one table from a flat key to its record and field, read by `grouped`, which the Hydra entry
+point (`dmtp.training.module.dmtp_module`) calls.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dmtp.training.losses import require_loss
+
+# data: CE on the data tokens | target: CE on the target's own greedy token at each position |
+# target_kl: KL from the target's whole next-token distribution (soft distillation labels)
+LABEL_SOURCES = ("data", "target", "target_kl")
+# data: T1 is the data token (teacher forcing) | mtp: T1 is the MTP's own greedy token, as in decoding;
+# a block whose T1 differs from the data token gets no loss (nothing after a rejected T1 is verified)
+T1_SOURCES = ("data", "mtp")
+
+
+@dataclass(frozen=True)
+class Objective:
+    """Anchored blocks per row, the per-slot loss (`loss`: ce | tv | dspark, dmtp/training/losses.py) with its
+    position decay, and where its labels and T1 come from."""
+    num_anchors: int = 32
+    loss: str = "ce"
+    loss_gamma: float = 4.0
+    label_source: str = "data"
+    t1_source: str = "data"
+
+    def __post_init__(self):
+        require_loss(self.loss)
+        if self.label_source not in LABEL_SOURCES:
+            raise ValueError(f"label_source must be one of {', '.join(LABEL_SOURCES)}, got {self.label_source!r}")
+        if self.t1_source not in T1_SOURCES:
+            raise ValueError(f"t1_source must be one of {', '.join(T1_SOURCES)}, got {self.t1_source!r}")
+
+    @property
+    def loss_mix(self) -> tuple[float, float]:
+        """(CE weight, TV weight) of `loss`."""
+        return require_loss(self.loss)
+
+
+@dataclass(frozen=True)
+class WalkOptions:
+    """The exact greedy walk over the held-out rows at each validation, and the MTP chained `mtp_chain_steps`
+    times on its own over the same rows beside it (0: off; the module checks it against the drafter's block)."""
+    enabled: bool = True
+    mtp_chain_steps: int = 4
+
+
+@dataclass(frozen=True)
+class JointMTP:
+    """The MTP's own layers train with the drafter, with their own next-token loss weighted `loss_weight`."""
+    train: bool = False
+    loss_weight: float = 1.0
+
+    def __post_init__(self):
+        if self.train not in (True, False):
+            raise ValueError(f"train_mtp must be true or false, got {self.train!r}")
+        w = self.loss_weight
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not w >= 0:
+            raise ValueError(f"mtp_loss_weight must be a number >= 0, got {w!r}")
+        object.__setattr__(self, "loss_weight", float(w))
+
+
+RECORDS = {"objective": Objective, "walk": WalkOptions, "joint": JointMTP}
+FLAT_KEYS: dict[str, tuple[str, str]] = {
+    **{k: ("objective", k) for k in ("num_anchors", "loss", "loss_gamma", "label_source", "t1_source")},
+    "val_walk": ("walk", "enabled"), "val_mtp_chain_steps": ("walk", "mtp_chain_steps"),
+    "train_mtp": ("joint", "train"), "mtp_loss_weight": ("joint", "loss_weight"),
+}
+
+
+def grouped(flat: dict) -> dict:
+    """conf/train.yaml's flat `model.*` options -> {record name: record}; an unknown key is one line."""
+    unknown = sorted(set(flat) - set(FLAT_KEYS))
+    if unknown:
+        raise ValueError(f"unknown model option(s) {', '.join('model.' + k for k in unknown)}; "
+                         f"known: {', '.join(sorted(FLAT_KEYS))}")
+    fields: dict[str, dict] = {name: {} for name in RECORDS}
+    for key, value in flat.items():
+        record, name = FLAT_KEYS[key]
+        fields[record][name] = value
+    return {name: cls(**fields[name]) for name, cls in RECORDS.items()}
+
+
+__all__ = ["FLAT_KEYS", "JointMTP", "LABEL_SOURCES", "Objective", "RECORDS", "T1_SOURCES", "WalkOptions", "grouped"]
