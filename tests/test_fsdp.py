@@ -132,7 +132,8 @@ def test_a_validation_batch_is_shared_out_row_by_row_and_a_rank_without_rows_cou
     both, alone = merged_walk([walked, nothing]), merged_walk([walked])
     assert torch.equal(both.pop("hist"), alone.pop("hist")) and both == alone == {
         "walk_tokens": 7, "walk_rounds": 3, "anchor_tokens": 9, "anchor_count": 4}
-    assert nothing["mtp_chain"]["walk_rounds"] == 0 and torch.equal(nothing["mtp_chain"]["hist"], torch.zeros(3, dtype=torch.long))
+    chain = nothing["mtp_chain"]
+    assert chain["walk_rounds"] == 0 and torch.equal(chain["hist"], torch.zeros(3, dtype=torch.long))
 
 
 def test_decode_eval_with_a_sharded_target_is_refused_before_anything_runs(tmp_path):

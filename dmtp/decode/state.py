@@ -46,7 +46,8 @@ class DecodeState:
     def __init__(self, size: StateSize, widths: TargetWidths, reads: ProposerReads, sampling: SamplingConfig,
                  runner: TargetRunner, eos_ids: Sequence[int]):
         batch, max_len, max_new = size.batch, size.max_len, size.max_new
-        vocab_size, hidden_size, feature_dim, dtype = widths.vocab_size, widths.hidden_size, widths.feature_dim, widths.dtype
+        vocab_size, hidden_size, feature_dim = widths.vocab_size, widths.hidden_size, widths.feature_dim
+        dtype = widths.dtype
         self.batch, self.max_len, self.device, self.dtype = batch, max_len, torch.device(widths.device), dtype
         self.num_candidates = k = size.num_candidates
         self.width = w = k + 1
