@@ -246,6 +246,8 @@ def test_train_scale_runs_the_production_trainer_and_reports(tmp_path, micro_tar
     # Its own process: the FSDP strategy sets up a process group (and a rendezvous port) that must not outlive it.
     import subprocess
 
+    import bench_train_scale
+
     out = tmp_path / "train.json"
     tool = Path(__file__).resolve().parents[1] / "tools" / "bench_train_scale.py"
     run = subprocess.run([sys.executable, str(tool), "--target", str(micro_target_dir), "--injections", "raw_dflash",
@@ -259,3 +261,8 @@ def test_train_scale_runs_the_production_trainer_and_reports(tmp_path, micro_tar
     assert result["s_per_step"] > 0 and result["tok_s"] > 0 and result["checkpoint_gb"] > 0
     assert len(result["checkpoint_stall_s"]) == 1 and result["final_walk_s"] > 0
     assert "| raw_dflash |" in run.stdout
+    # Where a step's time goes: every phase of raw DFlash (it has no MTP chain), each a part of the step.
+    phases = result["phase_s"]
+    assert set(phases) == set(bench_train_scale.PHASES) - {"mtp_chain"}
+    assert all(v > 0 for v in phases.values()) and sum(phases.values()) < 3 * result["s_per_step"]
+    assert "where a step's time goes" in run.stdout

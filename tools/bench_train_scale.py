@@ -1,6 +1,8 @@
 """Training throughput at a real target's shapes: `python -m dmtp.train`'s own job (the FSDP strategy on one device,
 bf16-mixed on a GPU) for a few steps, with s/step, tok/s, MFU with its FLOP count written out, peak memory, the
-stall of a checkpoint, the run-end walk and the export, per injection variant.
+stall of a checkpoint, the run-end walk and the export, per injection variant; and where a step's time goes,
+phase by phase on the device's clock (target forward, MTP chain, drafter forward, loss, backward, optimizer step,
+between steps: `PhaseClock`), beside the top kernels of `--profile-steps`.
 
     python -m dmtp.tiny.random_target --shape qwen3-8b --out /dev/shm/qwen3-8b      # random weights, real shapes
     python tools/bench_train_scale.py --target /dev/shm/qwen3-8b [--steps 20] [--seq-len 2048] [--batch 2] \\
@@ -27,6 +29,7 @@ import lightning as L
 import torch
 
 import dmtp.drafters.dflash as dflash
+import dmtp.training.module as module_file
 from dmtp.configs import compose_train
 from dmtp.training.job import train
 
@@ -63,6 +66,71 @@ class Clock(L.Callback):
 
     def on_validation_end(self, trainer, pl_module):
         self.marks["walk_end"] = self.now()
+
+
+# The phases of a training step, in order: each ends at its mark (the module's functions wrapped below, the
+# trainer's hooks), and the step's remainder is the time from the last mark to the next step's start.
+PHASES = ("target_forward", "mtp_chain", "drafter_forward", "loss", "backward", "optimizer", "between_steps")
+WRAPPED = {"teacher_features": "target_forward", "mtp_block_inputs": "mtp_chain", "draft_blocks": "drafter_forward"}
+
+
+class PhaseClock(L.Callback):
+    """Where one training step's time goes, phase by phase (PHASES): a mark at the end of each, read on the device's
+    own clock (CUDA events on the training stream: a phase's time includes the device waiting for the host), or
+    the host's without CUDA. The target's forward, the MTP chain and the drafter's forward are marked by wrapping
+    the module's functions of those names; the loss, backward and optimizer step by the trainer's hooks."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self.steps: list[list[tuple[str, object]]] = []
+        self.in_step = False   # the wrapped functions also run in validation: marked only inside a training step
+
+    def mark(self, phase: str) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+        else:
+            event = time.perf_counter()
+        self.steps[-1].append((phase, event))
+
+    def wrap(self, module_file) -> None:
+        """The module's phase functions, each marked at its end (in `module_file`'s namespace, where it calls them)."""
+        for name, phase in WRAPPED.items():
+            def marked(*args, _fn=getattr(module_file, name), _phase=phase, **kwargs):
+                out = _fn(*args, **kwargs)
+                if self.in_step:
+                    self.mark(_phase)
+                return out
+            setattr(module_file, name, marked)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.steps:
+            self.mark("between_steps")
+        self.steps.append([])
+        self.mark("start")
+        self.in_step = True
+
+    def on_before_backward(self, trainer, pl_module, loss):
+        self.mark("loss")
+
+    def on_after_backward(self, trainer, pl_module):
+        self.mark("backward")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.mark("optimizer")
+        self.in_step = False
+
+    def seconds(self, skip: set[int]) -> dict[str, float]:
+        """Median seconds per step of each phase, over the steps not in `skip` (the last step has no remainder)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        per_phase: dict[str, list[float]] = {p: [] for p in PHASES}
+        for i, marks in enumerate(self.steps):
+            if i in skip:
+                continue
+            for (_, a), (phase, b) in zip(marks, marks[1:]):
+                per_phase[phase].append(a.elapsed_time(b) / 1e3 if self.cuda else b - a)
+        return {p: statistics.median(v) for p, v in per_phase.items() if v}
 
 
 class StepProfile(L.Callback):
@@ -142,14 +210,21 @@ def run_one(args, injection: str, root: Path) -> dict:
     ]
     cfg = compose_train(overrides, output_dir=run_dir, tiny=False)
     clock = Clock(args.checkpoint_every)
-    extra = [clock]
+    phases = PhaseClock(cuda)
+    extra = [clock, phases]
     profiler = None
     if args.profile_steps:
         trace = str(Path(args.out).with_suffix(f".{injection}.trace.json")) if args.out else None
         profiler = StepProfile(args.warmup + 1, args.profile_steps, trace)
         extra.append(profiler)
     t0 = Clock.now()
-    summary = train(cfg, callbacks=extra)
+    unwrapped = {name: getattr(module_file, name) for name in WRAPPED}
+    phases.wrap(module_file)
+    try:
+        summary = train(cfg, callbacks=extra)
+    finally:
+        for name, fn in unwrapped.items():
+            setattr(module_file, name, fn)
     done = Clock.now()
     if torch.distributed.is_initialized():   # the FSDP strategy's group: the next variant (or caller) starts afresh
         torch.distributed.destroy_process_group()
@@ -174,6 +249,7 @@ def run_one(args, injection: str, root: Path) -> dict:
         "export_s": done - max(marks["last_step_end"], marks.get("walk_end", 0)),
         "drafter_params": _params([clock.module.drafter]),
         "checkpoint_gb": _largest_checkpoint_gb(run_dir),
+        "phase_s": phases.seconds({i for i in range(len(steps)) if i < args.warmup or i in saved_after | profiled}),
         "profile": profiler.table if profiler is not None else None,
     }
 
@@ -195,6 +271,14 @@ def table(results: list[dict], peak: float) -> str:
     parts = results[0]["model_tflop_per_step"]
     lines.append("\nmodel TFLOP per step (" + results[0]["injection"] + "): " +
                  ", ".join(f"{k} {v:.3g}" for k, v in parts.items()))
+    lines.append("\nwhere a step's time goes (median ms per phase; share of the phases' sum):")
+    lines.append("| variant | " + " | ".join(PHASES) + " |")
+    lines.append("|---|" + "---|" * len(PHASES))
+    for r in results:
+        total = sum(r["phase_s"].values()) or 1.0
+        cells = [f"{1e3 * r['phase_s'][p]:.1f} ({100 * r['phase_s'][p] / total:.0f}%)" if p in r["phase_s"] else "-"
+                 for p in PHASES]
+        lines.append(f"| {r['injection']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -245,8 +245,8 @@ rs_kernels() {  # per-kernel time of one AR step and one verify round of raw DFl
 
 # realsize_train: the production trainer (FSDP, 1 device, bf16-mixed) at 8B shapes on "$RS_DIR": 20 steps of seq 2048 x
 # batch 2 with 512 anchors and the experiment's 5-layer / 5-tap drafter, for DMTP and raw DFlash; s/step, tok/s, MFU
-# with its FLOP count, peak memory, a checkpoint's stall (step 10), the run-end walk and the bf16 export, and the top
-# kernels of 2 profiled steps (outside the timed median; Chrome traces in reports.tar.gz). Its run
+# with its FLOP count, peak memory, a checkpoint's stall (step 10), the run-end walk and the bf16 export, the step's
+# time phase by phase (CUDA events), and the top kernels of 2 profiled steps (outside the timed median; Chrome traces in reports.tar.gz). Its run
 # directories live in /dev/shm (checkpoints of ~13 GB). A call of its own: GPU_CHECK_STEPS="realsize_train".
 RS_TRAIN_LIMIT=${GPU_REALSIZE_TRAIN_LIMIT:-300}
 RS_TRAIN_ARGS="${GPU_REALSIZE_TRAIN_ARGS:-}"
