@@ -1,5 +1,6 @@
-"""Composing dmtp's Hydra configs from Python (tests, tools, notebooks) with the compose API, and building a
-component from its config group (`instantiate`: its own error, one line)."""
+"""Composing dmtp's Hydra configs from Python (tests, tools, notebooks) with the compose API, building a
+component from its config group (`instantiate`: its own error, one line), and grouping a group's flat options
+into the typed records a component takes (`records_from_flat`)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,7 +8,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate as hydra_instantiate
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
@@ -38,3 +39,19 @@ def instantiate(node, *args, **kwargs):
         if e.__cause__ is not None:
             raise e.__cause__ from None
         raise
+
+
+def records_from_flat(flat: dict, flat_keys: dict[str, tuple[str, str]], records: dict[str, type], group: str) -> dict:
+    """A config group's flat options -> {record name: record}, each key placed by `flat_keys` (key -> (record,
+    field)), the one table of that group; an unknown key is one line naming it. Config values become plain
+    Python (lists become tuples, as frozen records hold them); each record checks its own fields."""
+    unknown = sorted(set(flat) - set(flat_keys))
+    if unknown:
+        raise ValueError(f"unknown {group} option(s) {', '.join(f'{group}.{k}' for k in unknown)}; "
+                         f"known: {', '.join(sorted(flat_keys))}")
+    fields: dict[str, dict] = {name: {} for name in records}
+    for key, value in flat.items():
+        record, name = flat_keys[key]
+        value = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+        fields[record][name] = tuple(value) if isinstance(value, list) else value
+    return {name: cls(**fields[name]) for name, cls in records.items()}

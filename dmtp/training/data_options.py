@@ -13,6 +13,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from dmtp.configs import records_from_flat
 from dmtp.data.corpora import DOMAINS
 from dmtp.data.evalsets import EVAL_SETS
 from dmtp.training.regenerate import RegenSettings
@@ -135,13 +136,4 @@ RECORDS = {"source": SourceOptions, "regen": RegenOptions, "val": ValidationOpti
 
 def grouped(flat: dict) -> dict[str, object]:
     """conf/data's flat options -> one record per concern (unknown keys: one line naming them)."""
-    unknown = sorted(set(flat) - set(FLAT_KEYS))
-    if unknown:
-        raise ValueError(f"unknown data option(s) {', '.join('data.' + k for k in unknown)}; "
-                         f"known: {', '.join(sorted(FLAT_KEYS))}")
-    fields: dict[str, dict] = {name: {} for name in RECORDS}
-    for key, value in flat.items():
-        record, name = FLAT_KEYS[key]
-        value = _plain(value)
-        fields[record][name] = tuple(value) if isinstance(value, list) else value
-    return {name: cls(**fields[name]) for name, cls in RECORDS.items()}
+    return records_from_flat(flat, FLAT_KEYS, RECORDS, "data")

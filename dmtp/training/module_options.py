@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dmtp.configs import records_from_flat
 from dmtp.training.losses import require_loss
 
 # data: CE on the data tokens | target: CE on the target's own greedy token at each position |
@@ -75,15 +76,7 @@ FLAT_KEYS: dict[str, tuple[str, str]] = {
 
 def grouped(flat: dict) -> dict:
     """conf/train.yaml's flat `model.*` options -> {record name: record}; an unknown key is one line."""
-    unknown = sorted(set(flat) - set(FLAT_KEYS))
-    if unknown:
-        raise ValueError(f"unknown model option(s) {', '.join('model.' + k for k in unknown)}; "
-                         f"known: {', '.join(sorted(FLAT_KEYS))}")
-    fields: dict[str, dict] = {name: {} for name in RECORDS}
-    for key, value in flat.items():
-        record, name = FLAT_KEYS[key]
-        fields[record][name] = value
-    return {name: cls(**fields[name]) for name, cls in RECORDS.items()}
+    return records_from_flat(flat, FLAT_KEYS, RECORDS, "model")
 
 
 __all__ = ["FLAT_KEYS", "JointMTP", "LABEL_SOURCES", "Objective", "RECORDS", "T1_SOURCES", "WalkOptions", "grouped"]
