@@ -1,6 +1,7 @@
 """`python -m dmtp.infer`: config composition, drafter discovery, metrics.json and the no-drafter message."""
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ from hydra import compose, initialize_config_dir
 from dmtp.drafters.block_drafter import fresh_drafter_for
 from dmtp.inference.compare import compare_methods as run
 from dmtp.inference.drafters import NO_DRAFTER_MESSAGE, find_latest_drafter
+from dmtp.models.provenance import weights_digest
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
@@ -31,7 +33,9 @@ def test_default_config_composes():
     assert cfg.target.path is None and cfg.target.preset == "tiny"
     assert list(cfg.methods) == ["ar", "mtp415", "drafter"]
     assert cfg.drafter.path is None and cfg.temperature == 0.0 and cfg.cuda_graphs is True
-    assert cfg.eval.name == "embedded" and list(cfg.eval.domains) == ["code", "prose", "math"]
+    assert cfg.eval.name == "embedded" and list(cfg.eval.domains) == ["code", "prose", "math", "code_tasks"]
+    # The evaluation protocol's defaults: enough to rank methods 5-15% apart.
+    assert cfg.num_prompts >= 32 and cfg.max_new_tokens >= 128
 
 
 def test_find_latest_drafter(tmp_path, micro_target):
@@ -56,18 +60,21 @@ def test_infer_run_writes_metrics(tmp_path, micro_target_dir, micro_target, caps
         torch.set_num_threads(before)
     metrics = json.loads((out / "metrics.json").read_text())
     assert set(metrics["overall"]) == {"ar", "mtp415", "dual_anchor_zero_init"}
-    assert set(metrics["workloads"]) == {"code", "prose", "math"}
+    assert set(metrics["workloads"]) == {"code", "prose", "math", "code_tasks"}
     for name, s in metrics["overall"].items():
         assert s["matches_ar"] == 1.0  # greedy: every method reproduces the target's own output
         for key in ("tau_per_request", "tau_per_verify", "accept_hist", "t1_accept", "p_len_ge", "p_cond",
                     "tokens_per_s", "ttft_ms", "stage_ms_per_round", "per_request"):
             assert key in s
-        assert len(s["per_request"]) == 6
+        assert len(s["per_request"]) == 8
     assert metrics["overall"]["dual_anchor_zero_init"]["stage_ms_per_round"].keys() >= {"t1_fusion", "drafter",
                                                                                         "verify", "mtp", "round"}
     assert len(metrics["overall"]["mtp415"]["p_len_ge"]) == 4
     printed = capsys.readouterr().out
-    assert "tau_verify" in printed and "per-stage ms per round" in printed
+    assert "95% CI" in printed and "per-stage ms per round" in printed
+    assert f"weights {weights_digest(micro_target_dir)}" in printed and metrics["run"]["target_digest"]
+    # each drafter against the strongest baseline, with the paired change and the verdict its intervals allow
+    assert re.search(r"code: dual_anchor_zero_init (beats|loses to|within noise of) mtp415: [+-][0-9.]+% tau", printed)
 
 
 def test_no_drafter_message(tmp_path):

@@ -63,5 +63,5 @@ def test_tv_loss_learns_and_lowers_tv():
 def test_unknown_loss_is_one_line():
     with pytest.raises(ValueError, match=r"^model.loss must be one of ce, tv, dspark, got 'kl'$"):
         dmtp_module(None, None, None, None, loss="kl")
-    with pytest.raises(ValueError, match=r"^unknown model option\(s\) model.anchors; known: label_source, loss, "):
+    with pytest.raises(ValueError, match=r"^unknown model option\(s\) model.anchors; known: label_source, label_temperature, loss, "):
         dmtp_module(None, None, None, None, anchors=8)

@@ -248,7 +248,8 @@ class DrafterProposer(Proposer):
         if injection.needs_mtp:
             if mtp is None:
                 raise ValueError(f"the {drafter.variant} drafter needs the target's native MTP (none given)")
-            self.mtp_state = MTPState(mtp, keep_features=injection.needs_mtp_context)
+            # T1 (and the chain) from the MTP as this drafter proposes with it (its MTP correction, if any).
+            self.mtp_state = MTPState(drafter.proposing_mtp(mtp), keep_features=injection.needs_mtp_context)
         self.num_candidates = injection.num_candidates
         self.layer_ids = drafter.layer_ids
         self.predicts_confidence = drafter.has_confidence

@@ -11,7 +11,10 @@ that reads the MTP is named by its own architecture (`DMTPDraftModel`, `DMTPDFla
 no engine mistakes it for raw DFlash; a raw DFlash export is exactly the published drafter. A plain
 published DFlash drafter (no "dmtp" section) loads as `raw_dflash` unless told otherwise. A drafter
 trained with its MTP (model.train_mtp) also carries `mtp.safetensors`: the tuned MTP under the target
-checkpoint's own names (`tuned_mtp_path` finds it; the target is never modified).
+checkpoint's own names (`tuned_mtp_path` finds it; the target is never modified). A drafter with an MTP
+correction (`mtp_correction_rank`, dmtp.models.mtp_correction: a zero-init low-rank correction of the frozen
+MTP's logits, trained on the target's outputs) carries its tensors under `dmtp_mtp_correction.` and its rank
+in the "dmtp" section; `proposing_mtp` is the MTP it proposes T1 (and the chain) with.
 
 Layering: models (target, MTP, backbones) -> injection (variants) -> this module -> training, decoding.
 """
@@ -27,13 +30,16 @@ from dmtp.drafters.checkpoint import load_drafter, read_drafter_config, save_dra
 from dmtp.drafters.dflash import CachedContext, DFlashConfig, DFlashDrafter, require_block_size
 from dmtp.drafters.factory import build_drafter, target_layer_ids_for
 from dmtp.drafters.fit import require_block_fit, require_context_width
+from dmtp.drafters.registry import method_name
 from dmtp.injection import Injection, variant_of
 from dmtp.injection.catalogue import CATALOGUE, make_injection, variant
 from dmtp.models.model_card import write_card
+from dmtp.models.mtp_correction import MTPCorrection, ProposingMTP, require_correction_rank
 from dmtp.models.mtp_checkpoint import TUNED_MTP_NAME, save_tuned_mtp
 from dmtp.models.provenance import target_provenance
 
 INJECTION_PREFIX = "dmtp_injection."
+CORRECTION_PREFIX = "dmtp_mtp_correction."
 
 
 @dataclass
@@ -70,21 +76,30 @@ class BlockDrafter(nn.Module):
     The block width B is the backbone's `block_size` (config.json, the checkpoint); the injection may
     verify a shorter block at decoding time (`load_block_drafter(block_size=...)`), never a longer one."""
 
-    def __init__(self, backbone: DFlashDrafter, injection: Injection, what: str = "drafter"):
+    def __init__(self, backbone: DFlashDrafter, injection: Injection, what: str = "drafter",
+                 mtp_correction_rank: int = 0):
         super().__init__()
         require_context_width(backbone.config, injection, what)
         require_block_fit(backbone.config, injection, what)
         self.backbone = backbone
         self.injection = injection
+        rank = require_correction_rank(mtp_correction_rank)
+        if rank and not injection.uses_mtp:
+            raise ValueError(f"mtp_correction_rank={rank} corrects the MTP's proposals, but injection "
+                             f"{variant_of(injection).name} proposes no MTP token (use 0)")
+        # A plain attribute when absent (not a None submodule): state dicts and FSDP see only real modules.
+        if rank:
+            self.mtp_correction = MTPCorrection(backbone.config.hidden_size, rank)
 
     @classmethod
-    def around(cls, backbone: DFlashDrafter, injection, what: str = "drafter") -> "BlockDrafter":
+    def around(cls, backbone: DFlashDrafter, injection, what: str = "drafter",
+               mtp_correction_rank: int = 0) -> "BlockDrafter":
         """A new injection (variant name or factory, see `build_block_drafter`) for an existing backbone
         (init_from: continue a published DFlash drafter as a DMTP variant); `what` names the backbone
         in the error when its context width does not fit. The blocks are the backbone's own width."""
         c = backbone.config
         return cls(backbone, _make(injection, c.hidden_size, len(c.target_layer_ids), c.mask_token_id, c.block_size),
-                   what)
+                   what, mtp_correction_rank)
 
     # -- what the unit is -------------------------------------------------------------------------
     @property
@@ -105,8 +120,26 @@ class BlockDrafter(nn.Module):
         return self.injection.needs_mtp
 
     @property
+    def method_name(self) -> str:
+        """Its name in every table (dmtp.drafters.registry.method_name): injection, architecture, MTP correction."""
+        return method_name(self.variant, self.config.architecture, self.mtp_correction_rank)
+
+    @property
     def auxiliary_loss_name(self) -> str | None:
         return self.backbone.auxiliary_loss_name
+
+    @property
+    def mtp_correction_rank(self) -> int:
+        correction = getattr(self, "mtp_correction", None)
+        return correction.rank if correction is not None else 0
+
+    def proposing_mtp(self, mtp):
+        """The MTP this drafter proposes T1 (and the chain) with: `mtp` itself, or, with an MTP correction,
+        `mtp` whose logits pass through it (dmtp.models.mtp_correction.ProposingMTP)."""
+        correction = getattr(self, "mtp_correction", None)
+        if mtp is None or correction is None or isinstance(mtp, ProposingMTP):
+            return mtp
+        return ProposingMTP(mtp, correction)
 
     @property
     def block_size(self) -> int:
@@ -238,9 +271,12 @@ class BlockDrafter(nn.Module):
         state = self.state_dict() if state is None else state
         own = lambda prefix: {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}  # noqa: E731
         tensors = {INJECTION_PREFIX + k: v.detach().contiguous() for k, v in own("injection.").items()}
+        tensors.update({CORRECTION_PREFIX + k: v.detach().contiguous() for k, v in own("mtp_correction.").items()})
         # "injection_kwargs": the options it was built with (the key every exported drafter carries).
         # The block size and architecture are config.json's own (block_size, architectures), not repeated here.
         meta = {"injection": self.variant, "injection_kwargs": self.injection.variant_options}
+        if self.mtp_correction_rank:
+            meta["mtp_correction_rank"] = self.mtp_correction_rank
         if extra_config.get("target") is not None:
             meta.update(target_provenance(extra_config["target"]))
         meta.update(extra_config)
@@ -263,23 +299,25 @@ def _make(injection, hidden_size: int, num_target_features: int, mask_token_id: 
 
 
 def build_block_drafter(target, injection, mask_token_id: int, target_layer_ids: list[int] | None = None,
-                        num_target_features: int | None = None, **backbone_options) -> BlockDrafter:
+                        num_target_features: int | None = None, mtp_correction_rank: int = 0,
+                        **backbone_options) -> BlockDrafter:
     """A fresh drafter sized to `target` (conf/drafter/*.yaml, instantiated partially). `injection`: a
     variant name, or a factory taking (hidden_size, num_target_features, mask_token_id, block_size) such
     as Hydra's partial of conf/injection/<name>.yaml. The tapped layers and the block width are resolved
     first, so the injection knows its context width and slots before the backbone's fc is sized to it.
     `backbone_options`: those of `dmtp.drafters.factory.build_drafter` (depth, architecture,
-    block_size, DFlash2 options, ...)."""
+    block_size, DFlash2 options, ...). `mtp_correction_rank`: a correction of the MTP's logits that trains
+    with the drafter (0: none; dmtp.models.mtp_correction)."""
     layer_ids = target_layer_ids_for(target, target_layer_ids, num_target_features)
     block_size = require_block_size(backbone_options.get("block_size", DFlashConfig.block_size), "drafter.block_size")
     inj = _make(injection, target.config.hidden_size, len(layer_ids), mask_token_id, block_size)
     backbone = build_drafter(target, inj.context_dim, mask_token_id, target_layer_ids=layer_ids, **backbone_options)
-    return BlockDrafter(backbone, inj)
+    return BlockDrafter(backbone, inj, mtp_correction_rank=mtp_correction_rank)
 
 
 def fresh_drafter_for(target, name: str, mask_token_id: int, seed: int = 0, num_layers: int = 1,
                       perturb: float = 0.0, block_size: int = DFlashConfig.block_size, num_target_features: int = 1,
-                      backbone: dict | None = None, **options) -> BlockDrafter:
+                      backbone: dict | None = None, mtp_correction_rank: int = 0, **options) -> BlockDrafter:
     """An untrained drafter sized to `target` (tests, benchmark plumbing): `num_target_features` tapped
     layers (one: the middle one; more: DFlash's spread), `num_layers` layers of the target's widths, blocks
     of `block_size`, in eval mode (benchmarks size it like a published drafter: 5 layers, 5 taps, block 16).
@@ -289,7 +327,7 @@ def fresh_drafter_for(target, name: str, mask_token_id: int, seed: int = 0, num_
     torch.manual_seed(seed)
     drafter = build_block_drafter(target, lambda **s: make_injection(name, **s, **options), mask_token_id,
                                   num_target_features=num_target_features, num_layers=num_layers, block_size=block_size,
-                                  **(backbone or {}))
+                                  mtp_correction_rank=mtp_correction_rank, **(backbone or {}))
     if perturb:
         with torch.no_grad():
             for p in drafter.injection.parameters():
@@ -326,11 +364,27 @@ def load_block_drafter(path: str | Path, dtype: torch.dtype = torch.float32, inj
                                 **kwargs)
     except (ValueError, TypeError) as e:   # an option the variant does not have, or out of its range
         raise ValueError(f"drafter {path}: {e}") from None
-    drafter = BlockDrafter(backbone, module.to(dtype), f"drafter at {path}")
+    rank = meta.get("mtp_correction_rank", 0) if name == saved_name else 0
+    try:
+        rank = require_correction_rank(rank)
+    except ValueError as e:
+        raise ValueError(f"{section}: {e}") from None
+    if rank and not module.uses_mtp:
+        raise ValueError(f"{section}: mtp_correction_rank={rank}, but injection {name} proposes no MTP token")
+    drafter = BlockDrafter(backbone, module.to(dtype), f"drafter at {path}", mtp_correction_rank=rank)
     if name == saved_name:
         state = {k[len(INJECTION_PREFIX):]: v for k, v in extra_tensors.items() if k.startswith(INJECTION_PREFIX)}
         _require_injection_tensors(path, name, module, state, has_section=bool(meta))
         module.load_state_dict(state, strict=True)
+    corrections = {k[len(CORRECTION_PREFIX):]: v for k, v in extra_tensors.items() if k.startswith(CORRECTION_PREFIX)}
+    if rank:
+        _require_tensors(path, CORRECTION_PREFIX, f"an MTP correction of rank {rank}", drafter.mtp_correction,
+                         corrections)
+        drafter.mtp_correction.load_state_dict(corrections, strict=True)
+        drafter.mtp_correction.to(dtype)
+    elif corrections and name == saved_name:
+        raise ValueError(f"{Path(path) / 'model.safetensors'}: unexpected tensor {CORRECTION_PREFIX}"
+                         f"{next(iter(corrections))}, but {section} names no mtp_correction_rank")
     return drafter, meta
 
 
@@ -348,20 +402,27 @@ def _refuse_trained_option_changes(path, name: str, saved: dict, options: dict) 
 def _require_injection_tensors(path, name: str, module: Injection, state: dict, has_section: bool) -> None:
     """The `dmtp_injection.*` tensors are exactly the variant's: one line naming the file and the first
     tensor missing, unexpected or of the wrong shape (not load_state_dict's multi-line RuntimeError)."""
+    if state and not has_section:
+        raise ValueError(f"{Path(path) / 'model.safetensors'}: unexpected tensor {INJECTION_PREFIX}{next(iter(state))}, "
+                         f"but {Path(path) / 'config.json'} has no \"dmtp\" section naming their variant (it loads as "
+                         "raw_dflash)")
+    _require_tensors(path, INJECTION_PREFIX, f"injection {name}", module, state)
+
+
+def _require_tensors(path, prefix: str, what: str, module: nn.Module, state: dict) -> None:
+    """`state` holds exactly `module`'s tensors (under `prefix` in the file), each of its shape: else one line
+    naming the first one unexpected, misshaped or missing."""
     where = Path(path) / "model.safetensors"
     expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     for key, tensor in state.items():
         if key not in expected:
-            why = (f"but {Path(path) / 'config.json'} has no \"dmtp\" section naming their variant (it loads as "
-                   "raw_dflash)" if not has_section else f"which injection {name} does not have")
-            raise ValueError(f"{where}: unexpected tensor {INJECTION_PREFIX}{key}, {why}")
+            raise ValueError(f"{where}: unexpected tensor {prefix}{key}, which {what} does not have")
         if tuple(tensor.shape) != expected[key]:
-            raise ValueError(f"{where}: tensor {INJECTION_PREFIX}{key} has shape {tuple(tensor.shape)}, injection "
-                             f"{name} expects {expected[key]}")
+            raise ValueError(f"{where}: tensor {prefix}{key} has shape {tuple(tensor.shape)}, {what} expects "
+                             f"{expected[key]}")
     missing = [k for k in expected if k not in state]
     if missing:
-        raise ValueError(f"{where}: missing tensor {INJECTION_PREFIX}{missing[0]} of injection {name} "
-                         f"({len(missing)} missing in all)")
+        raise ValueError(f"{where}: missing tensor {prefix}{missing[0]} of {what} ({len(missing)} missing in all)")
 
 
 def tuned_mtp_path(path: str | Path) -> Path | None:
@@ -375,6 +436,6 @@ def tuned_mtp_path(path: str | Path) -> Path | None:
     return None
 
 
-__all__ = ["BlockDrafter", "DraftedBlock", "INJECTION_PREFIX", "MTPBlockInputs", "build_block_drafter",
+__all__ = ["BlockDrafter", "CORRECTION_PREFIX", "DraftedBlock", "INJECTION_PREFIX", "MTPBlockInputs", "build_block_drafter",
            "fresh_drafter_for", "load_block_drafter",
            "tuned_mtp_path"]

@@ -56,6 +56,14 @@ def architecture_named(name: str) -> DrafterArchitecture:
     raise ValueError(f"drafter architecture must be one of {known}, got {name!r}")
 
 
+def method_name(variant: str, architecture: str, mtp_correction_rank: int = 0) -> str:
+    """How every table names a drafter: its injection, its architecture when not DFlash (`raw_dflash+dspark`,
+    `dual_anchor_zero_init+dspark`) and `+mtp_correction` when it corrects the MTP's proposals. `architecture`:
+    config.json's (published) name. The one rule: training's records, dmtp.infer's rows and the sweep report."""
+    arch = ARCHITECTURES[architecture].name if architecture in ARCHITECTURES else "dflash"
+    return variant + ("" if arch == "dflash" else f"+{arch}") + ("+mtp_correction" if mtp_correction_rank else "")
+
+
 def backbone_architecture(name: str) -> str:
     """The published backbone architecture of a config.json `architectures` entry (itself for those)."""
     return next((a.published for a in ARCHITECTURES.values() if a.dmtp_published == name), name)

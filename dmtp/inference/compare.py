@@ -22,6 +22,7 @@ from dmtp.inference.setup import (LoadedDrafter, LoadedTarget, drafter_with_mtp,
                                   load_target, placement)
 from dmtp.inference.workloads import add_comparisons, decode_workloads
 from dmtp.models.model_card import CARD_NAME, set_card_section
+from dmtp.models.provenance import weights_digest
 from dmtp.models.mtp_errors import MTPLoadError
 from dmtp.reports.decoding import jsonable, report
 from dmtp.tiny.targets import default_target_dir
@@ -159,7 +160,8 @@ def run_record(cfg, loaded: Loaded, decoders: dict, workloads: dict) -> dict:
     first = next(iter(decoders.values())).info() if decoders else {}
     drafter = loaded.drafter
     return {
-        "target": loaded.target.path, "drafter": drafter.path if drafter else None,
+        "target": loaded.target.path, "target_digest": weights_digest(loaded.target.path),
+        "drafter": drafter.path if drafter else None,
         "injection": drafter.label if drafter else None,
         "methods": list(decoders), "device": str(loaded.device), "dtype": dtype_name(loaded.dtype),
         "batch_size": cfg.batch_size, "max_new_tokens": cfg.max_new_tokens, "eval": cfg.eval.name,

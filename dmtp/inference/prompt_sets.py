@@ -4,11 +4,26 @@ from __future__ import annotations
 
 
 def embedded_prompts(tokenizer, domains, num_prompts: int, prompt_tokens: int) -> dict[str, list[list[int]]]:
-    """Held-out prompts: `num_prompts` prompts of `prompt_tokens` tokens per domain from the test split,
-    spread over it (dmtp.data.prompts)."""
+    """Held-out prompts per workload: for a corpus domain (code, prose, math) `num_prompts` prompts of
+    `prompt_tokens` tokens from its test split, spread over it (dmtp.data.prompts); for a prompt set shipped with
+    the package (dmtp.data.prompt_sets: code_tasks) its first `num_prompts` prompts, whole."""
+    from dmtp.data.corpora import DOMAINS
+    from dmtp.data.evalsets import build_turn_prompts, load_eval_set
+    from dmtp.data.prompt_sets import PROMPT_SETS
     from dmtp.data.prompts import held_out_prompts
 
-    return {domain: held_out_prompts(tokenizer, domain, "test", num_prompts, prompt_tokens) for domain in domains}
+    unknown = [d for d in domains if d not in DOMAINS and d not in PROMPT_SETS]
+    if unknown:
+        raise ValueError(f"unknown workload {unknown[0]!r}: a corpus domain ({', '.join(DOMAINS)}) or a shipped prompt "
+                         f"set ({', '.join(PROMPT_SETS)})")
+    out = {}
+    for domain in domains:
+        if domain in DOMAINS:
+            out[domain] = held_out_prompts(tokenizer, domain, "test", num_prompts, prompt_tokens)
+        else:
+            requests = load_eval_set("prompts", str(PROMPT_SETS[domain]), limit=num_prompts)
+            out[domain] = [build_turn_prompts(tokenizer, r, [], use_raw_prompt=True) for r in requests]
+    return out
 
 
 def eval_set_prompts(tokenizer, name: str, path: str, num_prompts: int) -> tuple[list, dict[str, list[list[int]]]]:

@@ -46,6 +46,24 @@ def mtp_file_hashes(target: str | Path) -> dict[str, str] | None:
     return {f.name: file_sha256(f) for f in files}
 
 
+# Weights larger than this are not hashed at decoding time (a real checkpoint's shards: minutes of reading).
+HASHED_WEIGHTS_MAX_BYTES = 512 << 20
+WEIGHT_SUFFIXES = (".safetensors",)
+
+
+def weights_digest(target: str | Path) -> str | None:
+    """A short fingerprint of a local target's weights, which every results table names: the first 12 hex digits
+    of the sha256 over "<file> <sha256>" lines of its *.safetensors files in name order (None for a hub id, or
+    for weights over HASHED_WEIGHTS_MAX_BYTES, which would take minutes to read: a real checkpoint's shards)."""
+    root = Path(str(target)).expanduser()
+    files = sorted(p for p in root.iterdir() if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES)) \
+        if root.is_dir() else []
+    if not files or sum(f.stat().st_size for f in files) > HASHED_WEIGHTS_MAX_BYTES:
+        return None
+    lines = "".join(f"{f.name} {file_sha256(f)}\n" for f in files)
+    return hashlib.sha256(lines.encode()).hexdigest()[:12]
+
+
 def target_provenance(target: str | Path) -> dict:
     """config.json "dmtp" fields naming the target and fingerprinting it (hashes null where not local)."""
     return {"target": str(target), "target_config_sha256": config_sha256(target),
@@ -65,4 +83,5 @@ def target_mismatch(recorded: dict, target: str | Path | None, what: str = "this
             "may be lower; tokens stay the target's")
 
 
-__all__ = ["config_sha256", "file_sha256", "mtp_file_hashes", "target_mismatch", "target_provenance"]
+__all__ = ["config_sha256", "file_sha256", "mtp_file_hashes", "target_mismatch", "target_provenance",
+           "weights_digest"]

@@ -1,10 +1,30 @@
-"""The text report of a decoding comparison: acceptance and throughput per workload, per-stage times."""
+"""The text report of a decoding comparison: per workload and method, tau with its 95% bootstrap interval over
+the prompts (dmtp.reports.intervals), T1 acceptance, P(L>=k), throughput; then, per workload, each drafter
+against the strongest baseline beside it (the paired change over the same prompts, and whether the intervals
+separate: "A beats B" or "within noise"); then per-stage times."""
 from __future__ import annotations
 
+from dmtp.reports.intervals import bootstrap_interval, format_interval, paired_ratio, separated
 from dmtp.reports.tables import format_table
 
-TABLE_COLUMNS = ["workload", "method", "tau", "tau_verify", "t1_accept", "tok/s", "speedup", "ttft_ms",
+TABLE_COLUMNS = ["workload", "method", "tau", "95% CI", "t1_accept", "P(L>=2)", "P(L>=4)", "tok/s", "speedup",
                  "ms/round", "matches_ar"]
+# Methods that are not a trained drafter: the rows every comparison is made against.
+BASELINE_PREFIXES = ("ar", "mtp")
+
+
+def request_taus(summary: dict) -> list[float]:
+    """Each request's tau (mean acceptance length of its rounds), in request order."""
+    return [r["tau"] for r in summary.get("per_request") or () if r.get("tau") is not None]
+
+
+def is_baseline(method: str) -> bool:
+    return method == "ar" or (method.startswith("mtp") and "+" not in method)
+
+
+def _p(summary: dict, k: int):
+    p = summary.get("p_len_ge") or []
+    return p[k - 1] if len(p) >= k else None
 
 
 def table_rows(metrics: dict) -> list[dict]:
@@ -14,11 +34,36 @@ def table_rows(metrics: dict) -> list[dict]:
         scopes.append(("all", metrics["overall"]))
     for wl, table in scopes:
         for name, s in table.items():
-            rows.append({"workload": wl, "method": name, "tau": s["tau_per_request"], "tau_verify": s["tau_per_verify"],
-                         "t1_accept": s["t1_accept"], "tok/s": s["tokens_per_s"], "speedup": s.get("speedup_vs_ar"),
-                         "ttft_ms": s["ttft_ms"], "ms/round": s["stage_ms_per_round"].get("round"),
-                         "matches_ar": s.get("matches_ar")})
+            rows.append({"workload": wl, "method": name, "tau": s["tau_per_request"],
+                         "95% CI": format_interval(bootstrap_interval(request_taus(s))),
+                         "t1_accept": s["t1_accept"], "P(L>=2)": _p(s, 2), "P(L>=4)": _p(s, 4),
+                         "tok/s": s["tokens_per_s"], "speedup": s.get("speedup_vs_ar"),
+                         "ms/round": s["stage_ms_per_round"].get("round"), "matches_ar": s.get("matches_ar")})
     return rows
+
+
+def comparisons(metrics: dict) -> list[str]:
+    """Per workload: every drafter against the baseline with the highest tau there (MTP415 or another MTP chain;
+    AR when there is none), the paired change over the same prompts with its interval, and the verdict."""
+    lines = []
+    for wl, table in metrics["workloads"].items():
+        baselines = [m for m in table if is_baseline(m) and m != "ar"] or [m for m in table if m == "ar"]
+        drafters = [m for m in table if not is_baseline(m)]
+        if not baselines or not drafters:
+            continue
+        best = max(baselines, key=lambda m: table[m]["tau_per_request"] or 0)
+        ref = request_taus(table[best])
+        ref_ci = bootstrap_interval(ref)
+        for m in drafters:
+            mine = request_taus(table[m])
+            change = paired_ratio(mine, ref)
+            if change is None:
+                continue
+            ci = bootstrap_interval(mine)
+            word = ("beats" if change[0] > 0 else "loses to") if separated(ci, ref_ci) else "within noise of"
+            lines.append(f"{wl}: {m} {word} {best}: {100 * change[0]:+.1f}% tau "
+                         f"(paired 95% CI {100 * change[1]:+.1f}%..{100 * change[2]:+.1f}%)")
+    return lines
 
 
 def stage_table(metrics: dict) -> str:
@@ -28,9 +73,27 @@ def stage_table(metrics: dict) -> str:
     return format_table(rows, ["method", *stages], float_digits=3, title="per-stage ms per round (after warm-up rounds)")
 
 
+def header(metrics: dict) -> str:
+    """What was decoded: the target and its weights' digest, the prompts, the budget and the sampling."""
+    run = metrics.get("run") or {}
+    first = next(iter(metrics["overall"].values()), {})
+    sampling = first.get("sampling") or {}
+    prompts = ", ".join(f"{wl} {n}" for wl, n in (run.get("num_prompts") or {}).items())
+    mode = ("greedy" if not sampling.get("temperature") else
+            f"temperature {sampling['temperature']}, {sampling.get('verification')} verification")
+    return (f"target {run.get('target')} (weights {run.get('target_digest') or 'not hashed'}); prompts: {prompts}; "
+            f"{run.get('max_new_tokens')} new tokens, batch {run.get('batch_size')}; {mode}")
+
+
 def report(metrics: dict) -> str:
-    parts = [format_table(table_rows(metrics), TABLE_COLUMNS, title="acceptance length (tau) and throughput"),
-             "", stage_table(metrics)]
+    parts = [header(metrics), "",
+             format_table(table_rows(metrics), TABLE_COLUMNS,
+                          title="acceptance length (tau, per request; 95% bootstrap interval over the prompts) "
+                                "and throughput")]
+    versus = comparisons(metrics)
+    if versus:
+        parts += ["", "each drafter against the strongest baseline (intervals that overlap: within noise)", *versus]
+    parts += ["", stage_table(metrics)]
     for name, s in metrics["overall"].items():
         if s.get("p_len_ge"):
             parts.append(f"{name}: P(L>=k) k=1..{len(s['p_len_ge'])} = "

@@ -4,6 +4,12 @@ multirun: the `AggregateOnMultirunEnd` Hydra callback of sweeps/*.yaml).
 
 A job is any directory holding metrics.json (flat or nested: nested keys are joined with "/") and,
 from Hydra, .hydra/overrides.yaml. Workloads are the prefixes of keys ending in "/tau".
+
+Jobs that decoded under the evaluation protocol (decode_eval: metrics.json's "eval") also give the protocol's
+tables (`protocol_tables`): per decoding mode and workload, every method with tau and its 95% interval over seeds
+and prompts (dmtp.reports.intervals), AR and MTP415 rows beside them (each seed's baselines counted once), T1,
+P(L>=k) and tok/s vs AR, and the verdict of each drafter against the strongest baseline and the best other
+drafter ("beats" only where the intervals do not overlap; "within noise" otherwise).
 """
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from dmtp.injection import CATALOGUE
+from dmtp.reports.intervals import bootstrap_interval, format_interval, separated
 
 BASELINE, SINGLE_ANCHOR = "raw_dflash", "token_only"
 # The "interface" column, in the table's row order: the variants' labels from the catalogue, the
@@ -29,7 +36,8 @@ INTERFACES = {
 
 # Overrides that make another method of the same variant and drafter (not another seed of it): the row's
 # method gets "[loss=tv]", "[markov_head_type=rnn]" when a job's overrides set them to other than their default.
-METHOD_OPTIONS = {"model.loss": "ce", "drafter.markov_head_type": "vanilla"}
+METHOD_OPTIONS = {"model.loss": "ce", "drafter.markov_head_type": "vanilla", "model.label_source": "target",
+                  "model.label_temperature": "1.0", "data.regen_temperature": "0.0"}
 
 
 def _interface(method: str) -> str:
@@ -57,7 +65,11 @@ def collect(sweep_dir: str | Path) -> list[dict]:
             for item in yaml.safe_load(overrides.read_text()) or []:
                 key, _, value = item.lstrip("+~").partition("=")
                 row[key] = value
-        row.update(_flatten(json.loads(metrics.read_text())))
+        record = json.loads(metrics.read_text())
+        evaluation = record.pop("eval", None) if isinstance(record, dict) else None
+        row.update(_flatten(record))
+        if evaluation is not None:
+            row[EVAL_KEY] = evaluation     # nested, for the protocol tables; not a CSV column
         row.setdefault("method", row.get("injection", "?"))
         for key, default in METHOD_OPTIONS.items():
             if row.get(key, default) != default:
@@ -66,10 +78,14 @@ def collect(sweep_dir: str | Path) -> list[dict]:
     return rows
 
 
+EVAL_KEY = "_eval"
+
+
 def write_csv(rows: list[dict], path: Path) -> None:
-    columns = sorted({k for r in rows for k in r}, key=lambda k: (k not in ("job", "method", "injection", "seed"), k))
+    columns = sorted({k for r in rows for k in r if k != EVAL_KEY},
+                     key=lambda k: (k not in ("job", "method", "injection", "seed"), k))
     with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=columns)
+        writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
 
@@ -129,6 +145,94 @@ def detail_table(rows: list[dict]) -> str:
             cells = [_cell(stats[name].get(m), "{:.2f}" if name.startswith("P(") else "{:.3f}") for name in cols]
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n" if lines else ""
+
+
+BASELINES = ("ar", "mtp415")
+
+
+def protocol_samples(rows: list[dict]) -> dict:
+    """{mode: {workload: {method: {seed: stats}}}} from the jobs' "eval" records: each job's drafter under its
+    method's name, the baselines (AR, MTP415) under their own, once per seed (every job of a seed decoded the same
+    baselines on the same prompts)."""
+    out: dict = {}
+    for r in rows:
+        evaluation = r.get(EVAL_KEY)
+        if not evaluation:
+            continue
+        seed = str(r.get("seed", 0))
+        for mode, per_workload in evaluation.get("modes", {}).items():
+            for wl, per_method in per_workload.items():
+                for name, stats in per_method.items():
+                    method = r["method"] if name == "drafter" else name
+                    out.setdefault(mode, {}).setdefault(wl, {}).setdefault(method, {}).setdefault(seed, stats)
+    return out
+
+
+def _seeds_mean(per_seed: dict, key: str):
+    values = [s[key] for s in per_seed.values() if isinstance(s.get(key), (int, float))]
+    return statistics.fmean(values) if values else None
+
+
+def _p_len(per_seed: dict, k: int):
+    values = [s["p_len_ge"][k - 1] for s in per_seed.values()
+              if len(s.get("p_len_ge") or []) >= k and s["p_len_ge"][k - 1] is not None]
+    return statistics.fmean(values) if values else None
+
+
+def _order(method: str) -> tuple:
+    base = method.split(" [")[0]
+    return (0 if method == "ar" else 1 if method in BASELINES else 2, list(INTERFACES).index(base)
+            if base in INTERFACES else 99, method)
+
+
+def protocol_tables(rows: list[dict]) -> str:
+    """The protocol's tables (see the module docstring); empty when no job decoded under it."""
+    samples = protocol_samples(rows)
+    lines = []
+    for mode, per_workload in samples.items():
+        lines.append(f"\n### {mode}\n")
+        for wl, per_method in per_workload.items():
+            ks = sorted({k for m in per_method.values() for s in m.values() for k in range(1, len(s.get("p_len_ge") or []) + 1)})
+            shown = [k for k in (2, 4, 7) if k in ks]
+            head = ["method", "seeds", "tau [95% CI]", "T1", *(f"P(L>={k})" for k in shown), "tok/s vs AR"]
+            lines += [f"**{wl}**\n", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            cis = {}
+            for method in sorted(per_method, key=_order):
+                per_seed = per_method[method]
+                groups = [s.get("tau_requests") or [] for s in per_seed.values()]
+                ci = bootstrap_interval(groups)
+                cis[method] = (_seeds_mean(per_seed, "tau"), ci)
+                t1 = _seeds_mean(per_seed, "t1_accept")
+                speed = _seeds_mean(per_seed, "speedup_vs_ar")
+                cells = [method, str(len(per_seed)), f"{cis[method][0]:.3f} {format_interval(ci)}",
+                         "" if t1 is None else f"{t1:.3f}",
+                         *("" if _p_len(per_seed, k) is None else f"{_p_len(per_seed, k):.2f}" for k in shown),
+                         "" if speed is None else f"{speed:.2f}"]
+                lines.append("| " + " | ".join(cells) + " |")
+            lines += ["", *verdicts(cis), ""]
+    return "\n".join(lines)
+
+
+def verdicts(cis: dict) -> list[str]:
+    """Each drafter against the strongest baseline (MTP415, else AR) and the best other drafter: "beats" where the
+    95% intervals do not overlap, "within noise" where they do."""
+    drafters = [m for m in cis if m not in BASELINES]
+    baselines = [m for m in cis if m in BASELINES and cis[m][0] is not None]
+    out = []
+    for m in drafters:
+        tau, ci = cis[m]
+        rivals = []
+        if baselines:
+            rivals.append(max(baselines, key=lambda b: cis[b][0]))
+        others = [o for o in drafters if o != m]
+        if others:
+            rivals.append(max(others, key=lambda o: cis[o][0]))
+        for rival in rivals:
+            r_tau, r_ci = cis[rival]
+            change = 100 * (tau / r_tau - 1)
+            word = ("beats" if tau > r_tau else "loses to") if separated(ci, r_ci) else "within noise of"
+            out.append(f"- {m} {word} {rival} ({change:+.1f}%)")
+    return out
 
 
 def plots(rows: list[dict], out: Path) -> list[Path]:
@@ -193,7 +297,11 @@ def aggregate(sweep_dir: str | Path, out: str | Path | None = None) -> Path:
         raise FileNotFoundError(f"no metrics.json under {sweep_dir}")
     out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, out / "results.csv")
-    (out / "results.md").write_text(markdown_table(rows) + detail_table(rows))
+    protocol = protocol_tables(rows)
+    if protocol:
+        protocol = ("\n## Evaluation protocol: tau [95% interval over seeds and prompts], baselines beside every "
+                    "drafter\n" + protocol + "\n")
+    (out / "results.md").write_text(markdown_table(rows) + detail_table(rows) + protocol)
     plots(rows, out)
     return out
 

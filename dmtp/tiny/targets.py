@@ -52,9 +52,14 @@ def default_target_dir(preset: str) -> Path:
 
 
 def ensure_tiny_target(preset: str = "tiny", out_dir: str | Path | None = None, progress: bool = True) -> Path:
-    """Return the cached target directory, building it first if it is not there yet."""
+    """Return the cached target directory; on first use unpack the build the package ships for it
+    (dmtp.tiny.shipped: the same weights on every machine), else build it."""
+    from dmtp.tiny.shipped import unpack_shipped
+
     path = Path(out_dir) if out_dir else default_target_dir(preset)
     if (path / "build_report.json").exists():
+        return path
+    if out_dir is None and unpack_shipped(path, progress=progress) is not None:
         return path
     return build_tiny_target(preset, path, progress=progress, keep_existing=True)
 

@@ -1,13 +1,46 @@
-"""After training, decode the embedded held-out prompts with the one loop (sweep jobs): the trained
-drafter and, for comparison in the same process, target-only AR. Returns flat `<domain>/<metric>` keys
-for metrics.json. The modules are the trained ones, in memory: only the decoders are built, by the one
-setup loader's `build_decoder` (dmtp.inference.setup), as dmtp.infer and the benchmarks build theirs."""
+"""After training, decode the held-out workloads with the one loop under the evaluation protocol (README
+"Evaluation protocol"): the trained drafter and, in the same process and on the same prompts, the baselines
+(target-only AR and the target's own MTP415 chain), in each decoding mode asked for (greedy, and sampled at a
+temperature with a verification rule). The modules are the trained ones, in memory: only the decoders are built,
+by the one setup loader's `build_decoder` (dmtp.inference.setup), as dmtp.infer and the benchmarks build theirs.
+
+Returns the record metrics.json keeps under "eval" (per mode, workload and method: tau, each request's tau for
+the bootstrap intervals, T1, P(L>=k), tok/s, speed-up vs AR) plus, for the first greedy mode's drafter, the flat
+`<workload>/<metric>` keys the sweep's older tables read."""
 from __future__ import annotations
 
 from dmtp.decode import SamplingConfig
 from dmtp.inference.prompt_sets import embedded_prompts
 from dmtp.inference.setup import LoadedTarget, build_decoder
-from dmtp.inference.workloads import decode_workloads
+from dmtp.inference.workloads import add_comparisons, decode_workloads
+from dmtp.models.provenance import weights_digest
+from dmtp.reports.decoding import request_taus
+
+DEFAULT_MODES = ({"temperature": 0.0}, {"temperature": 1.0, "verification": "rejection"})
+EVAL_METHODS = ("ar", "mtp415", "drafter")
+
+
+def mode_name(mode: dict) -> str:
+    """`greedy`, or `T=<temperature> <verification>` (e.g. `T=1 rejection`)."""
+    t = float(mode.get("temperature", 0.0))
+    return "greedy" if t == 0 else f"T={t:g} {mode.get('verification', 'target_only')}"
+
+
+def sampling_of(mode: dict) -> SamplingConfig:
+    unknown = set(mode) - {"temperature", "verification", "top_k", "top_p"}
+    if unknown:
+        raise ValueError(f"decode_eval.modes: unknown key {sorted(unknown)[0]!r} (temperature, verification, top_k, top_p)")
+    return SamplingConfig(temperature=float(mode.get("temperature", 0.0)), top_k=int(mode.get("top_k", 0)),
+                          top_p=float(mode.get("top_p", 1.0)), verification=mode.get("verification", "target_only"))
+
+
+def compact(summary: dict) -> dict:
+    """What the record keeps of a decode summary."""
+    return {"tau": summary["tau_per_request"], "tau_verify": summary["tau_per_verify"],
+            "tau_requests": request_taus(summary), "t1_accept": summary["t1_accept"],
+            "p_len_ge": summary["p_len_ge"], "tok_s": summary["tokens_per_s"],
+            "speedup_vs_ar": summary.get("speedup_vs_ar"), "matches_ar": summary.get("matches_ar"),
+            "ms_round": (summary.get("stage_ms_per_round") or {}).get("round")}
 
 
 def flat_decode_metrics(summary: dict, prefix: str) -> dict:
@@ -22,29 +55,64 @@ def flat_decode_metrics(summary: dict, prefix: str) -> dict:
     return out
 
 
-def decode_after_training(target, mtp, drafter, tokenizer, domains=("code", "prose", "math"),
-                          num_prompts: int = 8, prompt_tokens: int = 64, max_new_tokens: int = 64,
-                          batch_size: int = 4, compare_ar: bool = True, throughput_batch_sizes=()) -> dict:
-    """`throughput_batch_sizes`: also decode all the domains' prompts together at each of these batch
+def _target_mtp(target):
+    """The target's own MTP for the chain baseline, or None (one line) when it has none that loads."""
+    from dmtp.families.mtp_loading import MTPLoadError, load_native_mtp
+
+    try:
+        p = next(target.parameters())
+        return load_native_mtp(target.path, target.embed_tokens, target.lm_head, dtype=p.dtype, device=p.device)
+    except (MTPLoadError, FileNotFoundError) as e:
+        print(f"[dmtp] decode_eval: no MTP chain baseline ({e})")
+        return None
+
+
+def decode_after_training(target, mtp, drafter, tokenizer, domains=("code", "prose", "math", "code_tasks"),
+                          num_prompts: int = 32, prompt_tokens: int = 64, max_new_tokens: int = 128,
+                          batch_size: int = 8, methods=EVAL_METHODS, modes=DEFAULT_MODES, seed: int = 0,
+                          throughput_batch_sizes=()) -> dict:
+    """-> {"eval": the protocol's record, plus the flat keys of the first greedy mode's drafter}.
+    `throughput_batch_sizes`: also decode all the workloads' prompts together greedily at each of these batch
     sizes and record `throughput/bs<b>/tok_s` (and `.../speedup_vs_ar`): the throughput-vs-batch plot."""
+    methods = list(methods)
+    if "drafter" not in methods:
+        raise ValueError(f"decode_eval.methods must include drafter (the run's own), got {methods}")
+    samplings = {mode_name(m): sampling_of(m) for m in modes}
+    if not samplings:
+        raise ValueError("decode_eval.modes is empty: name at least one mode, e.g. [{temperature: 0.0}]")
     drafter.eval()
     workloads = embedded_prompts(tokenizer, list(domains), num_prompts, prompt_tokens)
     eos = LoadedTarget(target.path, target, tokenizer).eos_token_id
-    decoders = {"drafter": build_decoder(target, "drafter", eos, mtp=mtp, drafter=drafter)}
-    if compare_ar:
-        decoders["ar"] = build_decoder(target, "ar", eos)
-    out = decode_workloads(decoders, workloads, max_new_tokens=max_new_tokens, sampling=SamplingConfig(),
-                           batch_size=batch_size)
-    metrics = {}
-    for domain, per_method in out["workloads"].items():
-        metrics.update(flat_decode_metrics(per_method["drafter"], domain))
-        if compare_ar:
-            metrics[f"{domain}/speedup_vs_ar"] = per_method["drafter"]["tokens_per_s"] / per_method["ar"]["tokens_per_s"]
+    needs_mtp = [m for m in methods if m.startswith("mtp")]
+    if needs_mtp and mtp is None:   # raw DFlash trains without the MTP; its table still has the MTP chain beside it
+        mtp = _target_mtp(target)
+    decoders = {}
+    for m in methods:
+        if m.startswith("mtp") and mtp is None:
+            continue   # a target without an MTP: the chain baseline is named as skipped, never faked
+        decoders[m] = build_decoder(target, m, eos, mtp=mtp, drafter=drafter if m == "drafter" else None)
+    record = {"protocol": {"workloads": {wl: len(p) for wl, p in workloads.items()}, "prompt_tokens": prompt_tokens,
+                           "max_new_tokens": max_new_tokens, "batch_size": batch_size, "seed": seed,
+                           "target": target.path, "target_digest": weights_digest(target.path),
+                           "methods": list(decoders), "skipped": [m for m in needs_mtp if m not in decoders]},
+              "modes": {}}
+    flat: dict = {}
+    for name, sampling in samplings.items():
+        out = decode_workloads(decoders, workloads, max_new_tokens=max_new_tokens, sampling=sampling,
+                               batch_size=batch_size, seed=seed)
+        add_comparisons(out, greedy=sampling.greedy)
+        record["modes"][name] = {wl: {m: compact(s) for m, s in per.items()} for wl, per in out["workloads"].items()}
+        record["modes"][name]["all"] = {m: compact(s) for m, s in out["overall"].items()}
+        if sampling.greedy and not flat:
+            for wl, per in out["workloads"].items():
+                flat.update(flat_decode_metrics(per["drafter"], wl))
+                if "ar" in per:
+                    flat[f"{wl}/speedup_vs_ar"] = per["drafter"]["tokens_per_s"] / per["ar"]["tokens_per_s"]
     everything = {"all": [p for prompts in workloads.values() for p in prompts]}
     for b in throughput_batch_sizes or ():
         run = decode_workloads(decoders, everything, max_new_tokens=max_new_tokens, sampling=SamplingConfig(),
                                batch_size=int(b))["overall"]
-        metrics[f"throughput/bs{b}/tok_s"] = run["drafter"]["tokens_per_s"]
-        if compare_ar:
-            metrics[f"throughput/bs{b}/speedup_vs_ar"] = run["drafter"]["tokens_per_s"] / run["ar"]["tokens_per_s"]
-    return metrics
+        flat[f"throughput/bs{b}/tok_s"] = run["drafter"]["tokens_per_s"]
+        if "ar" in run:
+            flat[f"throughput/bs{b}/speedup_vs_ar"] = run["drafter"]["tokens_per_s"] / run["ar"]["tokens_per_s"]
+    return {**flat, "eval": record}

@@ -17,7 +17,7 @@ from dmtp.atomic_io import write_json
 from dmtp.drafters.block_drafter import BlockDrafter
 from dmtp.configs import instantiate
 from dmtp.drafters.checkpoint import load_drafter
-from dmtp.drafters.registry import ARCHITECTURES, DFLASH_ARCH
+from dmtp.drafters.registry import method_name
 from dmtp.drafters.factory import mask_token_id_of
 from dmtp.drafters.fit import require_target_fit
 from dmtp.models.model_card import set_card_section
@@ -30,6 +30,7 @@ from dmtp.training.fsdp import full_state, gathered
 from dmtp.training.resume import check_checkpoint_fits, checkpoint_shapes, claim_run_dir, read_checkpoint, resume_plan
 from dmtp.training.run_config import RecordRunConfig, recorded_config, resumed_config
 from dmtp.training.rng_state import ResumableRNG
+from dmtp.reports.evaluation import evaluation_table
 from dmtp.reports.walk import walk_table
 
 
@@ -42,7 +43,8 @@ def build_components(cfg: DictConfig):
         backbone, _, _ = load_drafter(cfg.init_from)
         backbone.config = backbone.config.with_training_options(cfg.drafter)
         require_target_fit(backbone.config, target, f"init_from={cfg.init_from}")
-        drafter = BlockDrafter.around(backbone, make_injection, f"init_from={cfg.init_from}")
+        drafter = BlockDrafter.around(backbone, make_injection, f"init_from={cfg.init_from}",
+                                      mtp_correction_rank=cfg.drafter.get("mtp_correction_rank") or 0)
     else:
         mask_id = mask_token_id_of(tokenizer, target.config.vocab_size)
         drafter = instantiate(cfg.drafter)(target=target, injection=make_injection, mask_token_id=mask_id)
@@ -96,8 +98,8 @@ _LENGTH_AT_LEAST = re.compile(r"P\(L>=([0-9]+)\)")   # "P(L>=k)" -> "p_len_ge_k"
 
 def flat_metrics(cfg: DictConfig, summary: dict) -> dict:
     """One flat record per job for sweep aggregation: identity + exact walk acceptance per domain."""
-    arch = "" if summary["drafter_arch"] == DFLASH_ARCH else "+" + ARCHITECTURES[summary["drafter_arch"]].name
-    out = {"method": summary["injection"] + arch, "injection": summary["injection"],
+    out = {"method": method_name(summary["injection"], summary["drafter_arch"], summary.get("mtp_correction_rank", 0)),
+           "injection": summary["injection"],
            "drafter_arch": summary["drafter_arch"], "seed": cfg.seed, "global_step": summary["global_step"]}
     for key, value in summary.items():
         if key.startswith("val/") and key.count("/") == 2:
@@ -128,7 +130,7 @@ def _walk_table_now(cfg: DictConfig, module, trainer) -> str | None:
     """The walk's table from the metrics of the validation that just ended (ProgressLines, in log files)."""
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
     summary = {"injection": module.drafter.variant, "drafter_arch": module.drafter.config.architecture,
-               "global_step": trainer.global_step, **metrics}
+               "mtp_correction_rank": module.drafter.mtp_correction_rank, "global_step": trainer.global_step, **metrics}
     return walk_table(flat_metrics(cfg, summary))
 
 
@@ -193,7 +195,7 @@ def _export_and_report(cfg: DictConfig, trainer, module, target, tokenizer, outp
     evaluation when asked, and the run-end lines and table."""
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
     summary = {"injection": module.drafter.variant, "drafter_arch": module.drafter.config.architecture,
-               "global_step": trainer.global_step,
+               "mtp_correction_rank": module.drafter.mtp_correction_rank, "global_step": trainer.global_step,
                "target": target.path, **metrics}
     tuned = module.mtp if module.train_mtp else None   # joint training: the MTP travels with its drafter
     # Full tensors on every rank (a collective under FSDP, where each rank holds shards), written by rank 0.
@@ -211,16 +213,23 @@ def _export_and_report(cfg: DictConfig, trainer, module, target, tokenizer, outp
             if cfg.get("decode_eval") and cfg.decode_eval.enabled:
                 from dmtp.training.evaluate import decode_after_training
 
-                opts = {k: v for k, v in cfg.decode_eval.items() if k != "enabled"}
-                record.update(decode_after_training(target, module.mtp, module.drafter, tokenizer, **opts))
+                opts = OmegaConf.to_container(cfg.decode_eval, resolve=True)
+                opts.pop("enabled")
+                record.update(decode_after_training(target, module.mtp, module.drafter, tokenizer, seed=cfg.seed,
+                                                    **opts))
             write_json(output_dir / "metrics.json", record)
-            print(f"[dmtp] drafter ({summary['injection']}) exported to {drafter_dir}")
+            print(f"[dmtp] drafter ({record['method']}) exported to {drafter_dir}")
             if tuned is not None:
                 print(f"[dmtp] its jointly trained MTP: {drafter_dir / 'mtp.safetensors'} (the target checkpoint is unchanged)")
             print(f"[dmtp] checkpoints in {output_dir / 'checkpoints'}; TensorBoard logs: tensorboard --logdir {output_dir}")
-            table = walk_table(record)
+            # The closing table: the protocol's decoding (greedy and sampled, beside MTP415, on the test prompts)
+            # when it ran, else the validation walk (exact greedy acceptance on the validation prompts).
+            table = evaluation_table(record["eval"], record["method"], record["global_step"]) if "eval" in record \
+                else walk_table(record)
             if table is not None:
                 print(table)
-                set_card_section(drafter_dir, "walk", "Final validation walk (exact greedy acceptance)", table)
+                title = ("Held-out decoding (evaluation protocol)" if "eval" in record
+                         else "Final validation walk (exact greedy acceptance)")
+                set_card_section(drafter_dir, "walk", title, table)
             print(f"[dmtp] decode with it: python -m dmtp.infer drafter={drafter_dir}")
     return summary

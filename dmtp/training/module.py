@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from dmtp.drafters.block_drafter import BlockDrafter, MTPBlockInputs
 from dmtp.drafters.fit import require_target_fit
-from dmtp.training.losses import total_variation
+from dmtp.training.losses import token_loss
 from dmtp.training.blocks import (draft_blocks, mtp_block_inputs, predicted_positions, sample_anchors, teacher_features,
                                   valid_anchors)
 from dmtp.training.draws import BatchDraws, RowDraws
@@ -62,6 +62,7 @@ class DMTPModule(L.LightningModule):
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.num_anchors, self.loss_gamma = objective.num_anchors, objective.loss_gamma
         self.label_source, self.t1_source = objective.label_source, objective.t1_source
+        self.label_temperature = objective.label_temperature
         self.val_walk = walk.enabled
         k = drafter.num_candidates   # the chain is compared within the drafter's block
         steps = walk.mtp_chain_steps
@@ -145,7 +146,7 @@ class DMTPModule(L.LightningModule):
             data = input_ids.gather(1, after.flatten(1)).view_as(after)
             chain = mtp_block_inputs(self.mtp, feats, anchors, steps, tokens=data, mtp_grad=self.train_mtp)
             if self.t1_source == "mtp":   # keep a block only if the MTP itself proposes its m tokens
-                own = self.mtp.logits(chain.hidden).argmax(-1)
+                own = self.drafter.proposing_mtp(self.mtp).logits(chain.hidden).argmax(-1)
                 keep = keep & ((own == data) | (offsets > num[..., None])).all(-1)
             mtp_inputs = MTPBlockInputs(chain.tokens, chain.hidden, num)
         block = draft_blocks(self.drafter, self.target.embed_tokens.weight, feats, anchors, keep, mtp_inputs,
@@ -172,30 +173,26 @@ class DMTPModule(L.LightningModule):
         # The drafter's logits given those predecessors (DSpark's Markov head reads them, teacher-forced;
         # the other drafters' logits do not depend on them).
         logits = self.drafter.block_logits(hidden, self.target.lm_head.weight, prev).float()   # [B, N, n_pred, V]
-        ce_weight, tv_weight = self.loss_mix
         teacher = None
-        if self.label_source == "target_kl" or tv_weight:
+        if self.label_source == "target_kl" or self.loss_mix[1]:
             v = feats.target_logits.shape[-1]
             teacher = feats.target_logits.gather(1, target_rows[..., None].expand(-1, -1, v)).view(*pos.shape, v)
-        per_slot = torch.zeros_like(weights)
-        if ce_weight:
-            if self.label_source == "target_kl":
-                log_p = torch.log_softmax(teacher.float(), -1)
-                ce = (log_p.exp() * (log_p - torch.log_softmax(logits, -1))).sum(-1)
-            else:
-                ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view_as(weights)
-            per_slot = ce if ce_weight == 1.0 else ce_weight * ce   # `ce` alone: bit-identical to before
-        if tv_weight:
-            per_slot = per_slot + tv_weight * total_variation(teacher, logits)
+        per_slot = token_loss(logits, self.loss_mix, self.label_source == "target_kl", labels, teacher,
+                              self.label_temperature)
         loss = (per_slot * weights).sum() / self._mean_over_ranks(weights.sum()).clamp(min=1e-6)
         aux = self.drafter.auxiliary_loss(hidden, self.target.lm_head.weight, labels, prev, weights,
                                           step=step, logits=logits)
         self.last_auxiliary_loss = aux.detach()
         loss = loss + aux
         if self.train_mtp:
-            mtp_loss = self.mtp_next_token_loss(feats, loss_mask)
+            mtp_loss = self.mtp_next_token_loss(feats, loss_mask, self.mtp, (1.0, 0.0))
             self.last_mtp_loss = mtp_loss.detach()
             loss = loss + self.mtp_loss_weight * mtp_loss
+        if self.drafter.mtp_correction_rank:   # the MTP's own proposals through the drafter's correction
+            correction_loss = self.mtp_next_token_loss(feats, loss_mask, self.drafter.proposing_mtp(self.mtp),
+                                                       self.loss_mix)
+            self.last_correction_loss = correction_loss.detach()
+            loss = loss + correction_loss
         correct = (logits.argmax(-1) == labels) & mask
         acc = correct.flatten(0, 1).sum(0) / mask.flatten(0, 1).sum(0).clamp(min=1)
         return loss, acc, mask.sum()
@@ -217,18 +214,15 @@ class DMTPModule(L.LightningModule):
         torch.distributed.all_reduce(total)
         return total / trainer.world_size
 
-    def mtp_next_token_loss(self, feats, loss_mask: torch.Tensor) -> torch.Tensor:
-        """The MTP's own loss: g_t (row t, t = 1..T-2) predicts x_{t+1}, against the same labels as the
-        drafter (`label_source`: the data token, the target's greedy token, or its distribution)."""
-        logits = self.mtp.logits(feats.mtp_hidden[:, 1:-1]).float()        # [B, T-2, V]
+    def mtp_next_token_loss(self, feats, loss_mask: torch.Tensor, mtp, mix: tuple[float, float]) -> torch.Tensor:
+        """The loss of `mtp`'s own proposals (a jointly trained MTP: mix (1, 0); the drafter's MTP correction: the
+        drafter's loss mix): g_t (row t, t = 1..T-2) predicts x_{t+1}, against the same labels as the drafter
+        (`label_source`: the data token, the target's greedy token, or its distribution), at the label temperature."""
+        logits = mtp.logits(feats.mtp_hidden[:, 1:-1]).float()             # [B, T-2, V]
         mask = loss_mask[:, 2:].float()
-        if self.label_source == "target_kl":
-            teacher = feats.target_logits[:, 1:-1]                          # the target's prediction of x_{t+1}
-            log_p = torch.log_softmax(teacher.float(), -1)
-            per_token = (log_p.exp() * (log_p - torch.log_softmax(logits, -1))).sum(-1)
-        else:
-            labels = feats.input_ids[:, 2:] if self.label_source == "data" else feats.target_logits[:, 1:-1].argmax(-1)
-            per_token = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view_as(mask)
+        teacher = feats.target_logits[:, 1:-1] if feats.target_logits is not None else None   # the target's x_{t+1}
+        labels = feats.input_ids[:, 2:] if self.label_source == "data" else teacher.argmax(-1)
+        per_token = token_loss(logits, mix, self.label_source == "target_kl", labels, teacher, self.label_temperature)
         return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
 
     def training_step(self, batch, batch_idx):
@@ -241,6 +235,8 @@ class DMTPModule(L.LightningModule):
             self.log(f"train/{self.drafter.auxiliary_loss_name}", self.last_auxiliary_loss, batch_size=bs)
         if self.train_mtp:
             self.log("train/mtp_loss", self.last_mtp_loss, batch_size=bs)
+        if self.drafter.mtp_correction_rank:
+            self.log("train/mtp_correction_loss", self.last_correction_loss, batch_size=bs)
         inj = self.drafter.injection
         first = inj.first_predicted_slot + inj.first_slot_offset
         for k in range(acc.shape[0]):   # device tensors: logging them reads nothing back before the backward

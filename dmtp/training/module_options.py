@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dmtp.configs import records_from_flat
-from dmtp.training.losses import require_loss
+from dmtp.training.losses import require_loss, require_temperature
 
 # data: CE on the data tokens | target: CE on the target's own greedy token at each position |
 # target_kl: KL from the target's whole next-token distribution (soft distillation labels)
@@ -29,9 +29,11 @@ class Objective:
     loss_gamma: float = 4.0
     label_source: str = "data"
     t1_source: str = "data"
+    label_temperature: float = 1.0   # the distributions KL / TV compare: softmax(logits / T) (the serving temperature)
 
     def __post_init__(self):
         require_loss(self.loss)
+        object.__setattr__(self, "label_temperature", require_temperature(self.label_temperature))
         if self.label_source not in LABEL_SOURCES:
             raise ValueError(f"label_source must be one of {', '.join(LABEL_SOURCES)}, got {self.label_source!r}")
         if self.t1_source not in T1_SOURCES:
@@ -68,7 +70,8 @@ class JointMTP:
 
 RECORDS = {"objective": Objective, "walk": WalkOptions, "joint": JointMTP}
 FLAT_KEYS: dict[str, tuple[str, str]] = {
-    **{k: ("objective", k) for k in ("num_anchors", "loss", "loss_gamma", "label_source", "t1_source")},
+    **{k: ("objective", k) for k in ("num_anchors", "loss", "loss_gamma", "label_source", "t1_source",
+                                     "label_temperature")},
     "val_walk": ("walk", "enabled"), "val_mtp_chain_steps": ("walk", "mtp_chain_steps"),
     "train_mtp": ("joint", "train"), "mtp_loss_weight": ("joint", "loss_weight"),
 }

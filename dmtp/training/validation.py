@@ -46,8 +46,9 @@ def candidate_matches(target, mtp, drafter, input_ids: torch.Tensor, feats: Teac
         keep = torch.ones_like(anchors, dtype=torch.bool)
         mtp_inputs = None
         if injection.uses_mtp:
-            # The MTP's own greedy chain from each anchor and the m decoding would choose from it.
-            chain = mtp_block_inputs(mtp, feats, anchors, injection.mtp_steps)
+            # The MTP's own greedy chain from each anchor (through the drafter's MTP correction, if it has one)
+            # and the m decoding would choose from it.
+            chain = mtp_block_inputs(drafter.proposing_mtp(mtp), feats, anchors, injection.mtp_steps)
             mtp_inputs = MTPBlockInputs(chain.tokens, chain.hidden, injection.choose_num_mtp(chain.logits))
         block = draft_blocks(drafter, embed_w, feats, anchors, keep, mtp_inputs, lm_head_weight=target.lm_head.weight)
         matches[:, anchors[0]] = _leading_matches(block.candidates, anchors, input_ids)   # greedy, as decoding

@@ -1,0 +1,127 @@
+"""The MTP correction (drafter.mtp_correction_rank; dmtp.models.mtp_correction): zero-init (the native MTP's
+proposals exactly at step 0), trained on the target's outputs with the drafter while the MTP stays frozen, saved and
+loaded strictly with the drafter, used for T1 (and the chain) in the walk, the reference round and the loop, and
+lossless."""
+import json
+
+import lightning as L
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from dmtp.configs import compose_train
+from dmtp.decode import SpecDecoder, build_proposer
+from dmtp.decode.reference import reference_generate, reference_proposal
+from dmtp.drafters.block_drafter import CORRECTION_PREFIX, fresh_drafter_for, load_block_drafter
+from dmtp.models.mtp_correction import MTPCorrection, ProposingMTP
+from dmtp.training.job import train
+from dmtp.training.validation import candidate_matches
+
+PROMPTS = [[5 + i, 40 + 3 * i, 77, 12 + i, 9, 31] for i in range(3)]
+
+
+class _Keep(L.Callback):
+    def on_train_end(self, trainer, pl_module):
+        self.module = pl_module
+
+
+def _perturbed(drafter, scale=0.3):
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in drafter.mtp_correction.parameters():
+            p.add_(scale * torch.randn_like(p))
+    return drafter
+
+
+def test_zero_init_is_the_native_mtp(micro_target, micro_mtp):
+    drafter = fresh_drafter_for(micro_target, "dual_anchor_zero_init", 1, mtp_correction_rank=4)
+    g = torch.randn(2, 3, micro_mtp.spec.hidden_size)
+    proposing = drafter.proposing_mtp(micro_mtp)
+    assert isinstance(proposing, ProposingMTP) and proposing.spec is micro_mtp.spec
+    assert torch.equal(proposing.logits(g), micro_mtp.logits(g))
+    _perturbed(drafter)
+    assert not torch.allclose(proposing.logits(g), micro_mtp.logits(g))
+    assert drafter.proposing_mtp(proposing) is proposing          # never wrapped twice
+    plain = fresh_drafter_for(micro_target, "dual_anchor_zero_init", 1)
+    assert plain.mtp_correction_rank == 0 and plain.proposing_mtp(micro_mtp) is micro_mtp
+    assert not any(k.startswith("mtp_correction") for k in plain.state_dict())
+
+
+def test_rank_refused_without_an_mtp_token_and_out_of_range(micro_target):
+    with pytest.raises(ValueError, match="injection raw_dflash proposes no MTP token"):
+        fresh_drafter_for(micro_target, "raw_dflash", 1, mtp_correction_rank=4)
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="mtp_correction_rank must be an integer >= 0"):
+            fresh_drafter_for(micro_target, "dual_anchor_zero_init", 1, mtp_correction_rank=bad)
+    with pytest.raises(ValueError, match="rank >= 1"):
+        MTPCorrection(8, 0)
+
+
+def test_saved_and_loaded_strictly(micro_target, tmp_path):
+    drafter = _perturbed(fresh_drafter_for(micro_target, "dual_anchor_zero_init", 1, mtp_correction_rank=4))
+    drafter.save(tmp_path / "d")
+    meta = json.loads((tmp_path / "d" / "config.json").read_text())["dmtp"]
+    assert meta["mtp_correction_rank"] == 4
+    tensors = load_file(str(tmp_path / "d" / "model.safetensors"))
+    assert {k for k in tensors if k.startswith(CORRECTION_PREFIX)} == {
+        CORRECTION_PREFIX + k for k in drafter.mtp_correction.state_dict()}
+    loaded, _ = load_block_drafter(tmp_path / "d")
+    for k, v in drafter.mtp_correction.state_dict().items():
+        assert torch.equal(loaded.mtp_correction.state_dict()[k], v)
+
+    weights = tmp_path / "d" / "model.safetensors"
+    save_file({k: v for k, v in tensors.items() if k != CORRECTION_PREFIX + "up.weight"}, str(weights))
+    with pytest.raises(ValueError, match=f"missing tensor {CORRECTION_PREFIX}up.weight of an MTP correction of rank 4"):
+        load_block_drafter(tmp_path / "d")
+    save_file({**tensors, CORRECTION_PREFIX + "up.weight": torch.zeros(3, 3)}, str(weights))
+    with pytest.raises(ValueError, match="has shape \\(3, 3\\), an MTP correction of rank 4 expects"):
+        load_block_drafter(tmp_path / "d")
+    save_file(tensors, str(weights))
+    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
+    cfg["dmtp"].pop("mtp_correction_rank")
+    (tmp_path / "d" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="names no mtp_correction_rank"):
+        load_block_drafter(tmp_path / "d")
+
+
+@pytest.mark.parametrize("variant", ["dual_anchor_zero_init", "multi_mtp_zero_init"])
+def test_decoding_with_a_correction_is_lossless_and_the_reference_round(variant, micro_target, micro_mtp):
+    drafter = _perturbed(fresh_drafter_for(micro_target, variant, 1, perturb=0.05, mtp_correction_rank=4), 1.0)
+    ar = SpecDecoder(micro_target, build_proposer("ar", micro_target), eos_token_id=[]).generate(PROMPTS, 20)
+    proposer = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter)
+    assert isinstance(proposer.mtp_state.mtp, ProposingMTP)
+    res = SpecDecoder(micro_target, proposer, eos_token_id=[]).generate(PROMPTS, max_new_tokens=20, batch_size=2)
+    assert res.tokens == ar.tokens
+    # The fast loop's rounds are the reference round's, which proposes T1 through the same correction.
+    tokens, accepted = reference_generate(micro_target, reference_proposal(proposer), PROMPTS[0], 20)
+    assert tokens == res.tokens[0] and accepted == res.accepted[0]
+
+
+def test_the_walk_and_t1_read_the_corrected_mtp(micro_target, micro_mtp):
+    drafter = _perturbed(fresh_drafter_for(micro_target, "dual_anchor_zero_init", 1, mtp_correction_rank=4), 3.0)
+    ids = torch.tensor([PROMPTS[0] * 4])
+    corrected = candidate_matches(micro_target, micro_mtp, drafter, ids)
+    torch.nn.init.zeros_(drafter.mtp_correction.up.weight)         # back to the native MTP
+    native = candidate_matches(micro_target, micro_mtp, drafter, ids)
+    assert not torch.equal(corrected, native)
+
+
+def test_training_moves_the_correction_and_nothing_frozen(tmp_path, micro_target_dir, micro_target):
+    keep = _Keep()
+    train(compose_train(["trainer.max_steps=3", "drafter.mtp_correction_rank=4", "model.label_source=target_kl",
+                         "model.label_temperature=0.7"], output_dir=tmp_path / "run"), callbacks=[keep])
+    module = keep.module
+    assert module.drafter.mtp_correction.up.weight.abs().sum() > 0            # it trained (it starts at 0)
+    assert not any(p.requires_grad for p in module.mtp.parameters())         # the MTP stays frozen
+    loaded, meta = load_block_drafter(tmp_path / "run" / "drafter")
+    assert meta["mtp_correction_rank"] == 4
+    assert torch.equal(loaded.mtp_correction.up.weight, module.drafter.mtp_correction.up.weight.detach().cpu())
+
+
+def test_label_temperature_is_checked():
+    from dmtp.training.module_options import Objective
+
+    assert Objective(label_temperature=0.6).label_temperature == 0.6
+    for bad in (0, -1, "hot", True):
+        with pytest.raises(ValueError, match="label_temperature must be a number > 0"):
+            Objective(label_temperature=bad)
