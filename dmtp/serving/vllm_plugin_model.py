@@ -6,7 +6,10 @@ adds to it, both loaded and run by dmtp's own modules (one rule in one place):
 * the target's native MTP layer, loaded strictly by dmtp's MTP loader from the target's
   checkpoint, or from the drafter's own `mtp.safetensors` when it was trained with it. It shares
   the target's embedding and head (resolved at call time: vLLM hands the target's modules to the
-  drafter after loading).
+  drafter after loading);
+* the drafter's MTP correction when it has one (`dmtp_mtp_correction.*`, `mtp_correction_rank` in the "dmtp"
+  section; dmtp.models.mtp_correction): `dmtp_mtp` is then the MTP as the drafter proposes with it, its T1
+  logits through the correction, exactly as in dmtp's own loop.
 
 Registered under the export's architecture name (`DMTPDraftModel`) by `dmtp.serving.vllm_plugin`;
 `dmtp.serving.vllm_plugin_proposer` drives it. Imported only inside vLLM processes.
@@ -20,12 +23,13 @@ import torch.nn.functional as F
 from vllm.config import VllmConfig
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
-from dmtp.drafters.block_drafter import INJECTION_PREFIX, tuned_mtp_path
+from dmtp.drafters.block_drafter import CORRECTION_PREFIX, INJECTION_PREFIX, tuned_mtp_path
 from dmtp.injection.base import Injection
 from dmtp.injection.catalogue import make_injection
 from dmtp.drafters.checkpoint import read_drafter_config
 from dmtp.drafters.dflash import DFlashConfig
 from dmtp.models.mtp import NativeMTP
+from dmtp.models.mtp_correction import MTPCorrection, ProposingMTP, require_correction_rank
 from dmtp.families.mtp_loading import load_native_mtp
 
 
@@ -82,7 +86,9 @@ class DMTPDraftModelForVLLM(DFlashQwen3ForCausalLM):
         problem = serving_layout_problem(self.dmtp_injection, config, spec.num_speculative_tokens)
         if problem:
             raise ValueError(f"DMTP drafter {self.drafter_dir} ({name}) cannot be served by vLLM: {problem}")
-        self.dmtp_mtp: NativeMTP | None = None
+        self.dmtp_mtp: NativeMTP | ProposingMTP | None = None
+        rank = require_correction_rank(meta.get("mtp_correction_rank", 0))
+        self.dmtp_mtp_correction = MTPCorrection(config.hidden_size, rank) if rank else None
 
     # The target's embedding and head, looked up when called: vLLM replaces the drafter's own
     # embed_tokens / lm_head with the target's after loading (the export ships neither).
@@ -93,18 +99,25 @@ class DMTPDraftModelForVLLM(DFlashQwen3ForCausalLM):
         return _LateBound(lambda hidden: F.linear(hidden, self.lm_head.weight), lambda: self.lm_head.weight)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]):
-        injection, rest = {}, []
+        injection, correction, rest = {}, {}, []
         for name, tensor in weights:
             if name.startswith(INJECTION_PREFIX):
                 injection[name[len(INJECTION_PREFIX):]] = tensor
+            elif name.startswith(CORRECTION_PREFIX) and self.dmtp_mtp_correction is not None:
+                correction[name[len(CORRECTION_PREFIX):]] = tensor
             else:
                 rest.append((name, tensor))
         self.dmtp_injection.load_state_dict(injection, strict=True)
         super().load_weights(rest)
         p = self.lm_head.weight
         self.dmtp_injection.to(device=p.device, dtype=p.dtype)
-        self.dmtp_mtp = load_native_mtp(self.target_dir, self.target_embed(), self.target_head(), dtype=p.dtype,
-                                        device=p.device, tuned=tuned_mtp_path(self.drafter_dir)).eval()
+        mtp = load_native_mtp(self.target_dir, self.target_embed(), self.target_head(), dtype=p.dtype,
+                              device=p.device, tuned=tuned_mtp_path(self.drafter_dir)).eval()
+        if self.dmtp_mtp_correction is not None:
+            self.dmtp_mtp_correction.load_state_dict(correction, strict=True)
+            self.dmtp_mtp_correction.to(device=p.device, dtype=p.dtype)
+            mtp = ProposingMTP(mtp, self.dmtp_mtp_correction)
+        self.dmtp_mtp = mtp
 
     def build_block(self, anchor: torch.Tensor, t1: torch.Tensor, h_mtp: torch.Tensor) -> torch.Tensor:
         """The block's slot embeddings [N, 1 + K, H] from the anchor [N], T1 [N] and the MTP hidden that

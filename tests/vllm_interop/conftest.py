@@ -42,9 +42,12 @@ def interop_prompts(vllm_tokenizer):
 
 @pytest.fixture(scope="session")
 def dmtp_drafter_dir(tmp_path_factory, vllm_target_dir):
-    """A two-layer dual_anchor_zero_init drafter trained 40 steps on the target's greedy responses (two
-    layers: vLLM computes every layer's context K/V in one fused pass, which a single layer leaves
+    """A two-layer dual_anchor_zero_init drafter with an MTP correction, trained 40 steps on the target's greedy
+    responses (two layers: vLLM computes every layer's context K/V in one fused pass, which a single layer leaves
     untested; vLLM 0.32's CPU kernel normalised them all with layer 1's weight)."""
     from tests.vllm_interop.common import train_interop_drafter
 
-    return train_interop_drafter(tmp_path_factory, "dual_anchor_zero_init", num_layers=2)
+    # With an MTP correction (rank 8): vLLM proposes T1 through it as dmtp's loop does, which the per-position
+    # acceptance comparison checks (a T1 from the uncorrected MTP would be accepted at other rounds).
+    return train_interop_drafter(tmp_path_factory, "dual_anchor_zero_init", num_layers=2,
+                                 overrides=("drafter.mtp_correction_rank=8",))
