@@ -60,3 +60,11 @@ def test_protocol_tables_count_each_seeds_baselines_once_and_say_within_noise(tm
     assert "- dual_anchor_zero_init+dspark beats mtp415" in table
     assert "- dual_anchor_zero_init+dspark within noise of raw_dflash+dspark" in table
     assert protocol_tables(collect(tmp_path / "a0")) and protocol_tables([]) == ""
+
+
+def test_requests_without_rounds_are_left_out_pairwise():
+    a = [2.0, None, 3.0, 4.0]
+    b = [1.0, 2.0, None, 2.0]
+    change, _, _ = paired_ratio(a, b)
+    assert change == pytest.approx((2.0 + 4.0) / (1.0 + 2.0) - 1)       # only the prompts both decoded
+    assert bootstrap_interval([None, 2.0]) == (2.0, 2.0)

@@ -125,3 +125,19 @@ def test_label_temperature_is_checked():
     for bad in (0, -1, "hot", True):
         with pytest.raises(ValueError, match="label_temperature must be a number > 0"):
             Objective(label_temperature=bad)
+
+
+def test_a_multi_step_drafter_trains_its_correction_on_the_chains_later_steps_too(tmp_path, micro_target_dir):
+    keep = _Keep()
+    train(compose_train(["trainer.max_steps=2", "injection=multi_mtp_zero_init", "drafter.mtp_correction_rank=4"],
+                        output_dir=tmp_path / "run"), callbacks=[keep])
+    module = keep.module
+    ids = torch.randint(5, 400, (2, 40))
+    mask = torch.ones_like(ids)
+    module.block_loss(ids, mask, generator=torch.Generator().manual_seed(0))
+    chain_part = module.last_correction_loss
+    # The chain's steps 2..M count: the same batch without them (M = 1 in the loss) gives another loss.
+    module.chain_correction_loss = lambda *a, **k: torch.zeros(())
+    module.block_loss(ids, mask, generator=torch.Generator().manual_seed(0))
+    assert not torch.isclose(chain_part, 2 * module.last_correction_loss)
+    assert not torch.isclose(chain_part, module.last_correction_loss)

@@ -13,9 +13,10 @@ TABLE_COLUMNS = ["workload", "method", "tau", "95% CI", "t1_accept", "P(L>=2)", 
 BASELINE_PREFIXES = ("ar", "mtp")
 
 
-def request_taus(summary: dict) -> list[float]:
-    """Each request's tau (mean acceptance length of its rounds), in request order."""
-    return [r["tau"] for r in summary.get("per_request") or () if r.get("tau") is not None]
+def request_taus(summary: dict) -> list[float | None]:
+    """Each request's tau (mean acceptance length of its rounds), in request order; None for a request that ran
+    no round (it ended at once, e.g. with EOS), so that two methods' lists stay aligned prompt by prompt."""
+    return [r.get("tau") for r in summary.get("per_request") or ()]
 
 
 def is_baseline(method: str) -> bool:

@@ -21,12 +21,17 @@ LEVEL = 0.95
 RESAMPLES = 2000
 
 
+def _present(values) -> np.ndarray:
+    return np.asarray([v for v in values if v is not None], dtype=float)
+
+
 def _groups(values) -> list[np.ndarray]:
-    """A flat list of request values (one seed) or a list of per-seed lists -> per-seed arrays (empty seeds dropped)."""
+    """A flat list of request values (one seed) or a list of per-seed lists -> per-seed arrays (requests without a
+    value, None, and then empty seeds dropped)."""
     values = list(values)
     if values and not isinstance(values[0], (list, tuple, np.ndarray)):
         values = [values]
-    return [np.asarray(v, dtype=float) for v in values if len(v)]
+    return [g for g in (_present(v) for v in values) if len(g)]
 
 
 def bootstrap_interval(values, level: float = LEVEL, resamples: int = RESAMPLES, seed: int = 0
@@ -49,10 +54,14 @@ def bootstrap_interval(values, level: float = LEVEL, resamples: int = RESAMPLES,
 
 def paired_ratio(a: Sequence[float], b: Sequence[float], level: float = LEVEL, resamples: int = RESAMPLES,
                  seed: int = 0) -> tuple[float, float, float] | None:
-    """mean(a) / mean(b) - 1 over the same requests (paired), with its bootstrap interval: (change, low, high);
-    None when the lists differ in length or are empty."""
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if len(a) != len(b) or not len(a) or b.mean() == 0:
+    """mean(a) / mean(b) - 1 over the same requests (paired: a request without a value in either list, None, is
+    left out of both), with its bootstrap interval: (change, low, high); None when the lists differ in length or
+    share no request."""
+    if len(a) != len(b):
+        return None
+    pairs = [(x, y) for x, y in zip(a, b) if x is not None and y is not None]
+    a, b = np.asarray([x for x, _ in pairs], dtype=float), np.asarray([y for _, y in pairs], dtype=float)
+    if not len(a) or b.mean() == 0:
         return None
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(a), (resamples, len(a)))

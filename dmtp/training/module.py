@@ -189,8 +189,11 @@ class DMTPModule(L.LightningModule):
             self.last_mtp_loss = mtp_loss.detach()
             loss = loss + self.mtp_loss_weight * mtp_loss
         if self.drafter.mtp_correction_rank:   # the MTP's own proposals through the drafter's correction
-            correction_loss = self.mtp_next_token_loss(feats, loss_mask, self.drafter.proposing_mtp(self.mtp),
-                                                       self.loss_mix)
+            proposing = self.drafter.proposing_mtp(self.mtp)
+            correction_loss = self.mtp_next_token_loss(feats, loss_mask, proposing, self.loss_mix)
+            if mtp_inputs is not None and mtp_inputs.hidden.shape[-2] > 1:   # the chain's later steps, as decoded
+                correction_loss = 0.5 * (correction_loss + self.chain_correction_loss(
+                    feats, loss_mask, proposing, mtp_inputs.hidden, anchors, keep))
             self.last_correction_loss = correction_loss.detach()
             loss = loss + correction_loss
         correct = (logits.argmax(-1) == labels) & mask
@@ -224,6 +227,30 @@ class DMTPModule(L.LightningModule):
         labels = feats.input_ids[:, 2:] if self.label_source == "data" else teacher.argmax(-1)
         per_token = token_loss(logits, mix, self.label_source == "target_kl", labels, teacher, self.label_temperature)
         return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+
+    def chain_correction_loss(self, feats, loss_mask: torch.Tensor, proposing, chain_hidden: torch.Tensor,
+                              anchors: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """The corrected MTP's proposals at its chain's steps j = 2..M from every anchor (chain_hidden [B, N, M, H]:
+        h_j, fed the data tokens T_1..T_{j-1} as training's chain is), the hiddens a multi-step block decodes
+        with, which the teacher-forced rows of `mtp_next_token_loss` never show it: h_j predicts the token at
+        anchor + j, against the target's labels there."""
+        t = feats.input_ids.shape[1]
+        steps = chain_hidden.shape[-2]
+        pos = anchors[..., None] + torch.arange(2, steps + 1, device=anchors.device)          # [B, N, M-1]
+        pos_c = pos.clamp(max=t - 1)
+        valid = keep[..., None] & (pos < t) & loss_mask.gather(1, pos_c.flatten(1)).view_as(pos).bool()
+        logits = proposing.logits(chain_hidden[..., 1:, :]).float()
+        teacher = None
+        if feats.target_logits is not None:   # the target's distribution of the token at p: its output at p - 1
+            v = feats.target_logits.shape[-1]
+            teacher = feats.target_logits.gather(1, (pos_c - 1).flatten(1)[..., None].expand(-1, -1, v)).view(
+                *pos.shape, v)
+        labels = feats.input_ids.gather(1, pos_c.flatten(1)).view_as(pos) if self.label_source == "data" \
+            else teacher.argmax(-1)
+        per_token = token_loss(logits, self.loss_mix, self.label_source == "target_kl", labels, teacher,
+                               self.label_temperature)
+        w = valid.float()
+        return (per_token * w).sum() / w.sum().clamp(min=1.0)
 
     def training_step(self, batch, batch_idx):
         # Anchors per row from (seed, step, row index): the same draws at any world size (dmtp.training.draws).
