@@ -100,4 +100,5 @@ def write_hydra_record(run_dir: str | Path, record: dict[str, str], resumed: boo
     return folder
 
 
-__all__ = ["NoteNewRunDirs", "created_by_this_command", "remove_if_made", "unused_dir_removed", "hydra_record", "write_hydra_record"]
+__all__ = ["NoteNewRunDirs", "created_by_this_command", "remove_if_made", "unused_dir_removed", "hydra_record",
+           "write_hydra_record"]

@@ -162,6 +162,16 @@ def _read_shard(path: Path, rows: int, new_tokens: int, vocab_size: int) -> list
     return [row[:n].tolist() for row, n in zip(tokens, lengths.tolist())]
 
 
+def _process_group() -> str:
+    """The distributed run this process is a rank of (its rendezvous address, shared by its ranks and by no
+    other run at the same time), or "" outside one."""
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    dist = torch.distributed
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else \
+        int(os.environ.get("WORLD_SIZE") or 1)
+    return f"{addr}:{port}" if addr and port and world > 1 else ""
+
+
 @contextmanager
 def _cache_lock(out_dir: Path):
     """One run at a time writes (and verifies) a cache directory; the others wait, then read it."""
@@ -170,8 +180,13 @@ def _cache_lock(out_dir: Path):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"[dmtp] waiting for another run that is writing the training data in {out_dir}")
+            holder = os.pread(fd, 200, 0).decode(errors="replace").split()   # "<pid> <its process group>"
+            who = (f"this run's rank (pid {holder[0]})" if len(holder) == 2 and holder[1] == _process_group()
+                   else "another run")
+            print(f"[dmtp] waiting for {who} that is writing the training data in {out_dir}")
             fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {_process_group() or '-'}".encode(), 0)   # who holds it, for a waiter
         yield
     finally:
         os.close(fd)   # releases the lock (so does the process ending, however it ends)
