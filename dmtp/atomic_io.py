@@ -64,8 +64,8 @@ def _failure(path: Path, err: BaseException) -> WriteFailed | None:
 
 def _settle(tmp: Path, lock_fd: int) -> None:
     """The temporary's content on disk, with the mode the umask gives. Most writers truncate the temporary we
-    created (same inode); safetensors' writes a new file of its own, mode 0600, and renames it over ours: that
-    file gets our file's mode and is fsynced itself."""
+    created (same inode); safetensors' writer makes a new file of its own, mode 0600, and renames it over ours: that
+    file gets our file's mode and is the one fsynced."""
     written = os.open(tmp, os.O_RDONLY)
     try:
         if os.fstat(written).st_ino != os.fstat(lock_fd).st_ino:

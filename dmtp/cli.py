@@ -62,9 +62,12 @@ def unknown_option_line(err: BaseException, prog: str) -> str | None:
         return None
     key = found.group(1)
     group, _, rest = key.partition(".")
+    primary = OmegaConf.load(Path(CONF_DIR) / f"{prog.rpartition('.')[2]}.yaml")   # conf/train.yaml for dmtp.train
+    groups = {next(iter(d)) for d in primary.get("defaults", []) if OmegaConf.is_dict(d)}
     missing = object()
     owners = [f"{group}={path.stem}" for path in sorted((Path(CONF_DIR) / group).glob("*.yaml"))
-              if rest and OmegaConf.select(OmegaConf.load(path), rest, default=missing) is not missing]
+              if group in groups and rest and OmegaConf.select(OmegaConf.load(path), rest, default=missing)
+              is not missing]
     if owners:
         return (f"{key} is not an option of the {group} config in use; {', '.join(owners)} "
                 f"{'has' if len(owners) == 1 else 'have'} it: add {owners[0]} to the command")

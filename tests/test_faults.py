@@ -299,6 +299,7 @@ def test_a_two_rank_fsdp_run_killed_mid_checkpoint_resumes_at_one_rank(tmp_path)
             except ProcessLookupError:
                 pass
     assert proc.returncode == -signal.SIGKILL, log.read_text()[-3000:]
+    assert "waiting for another run" not in log.read_text()   # its ranks wait for each other, not another run
     checkpoints = run_dir / "checkpoints"
     left = sorted(p.name for p in checkpoints.iterdir())
     assert left[0].startswith(".step000002.ckpt.tmp-") and left[1:] == ["last.ckpt", "step000001.ckpt"], left
@@ -317,7 +318,8 @@ def test_a_two_rank_fsdp_run_killed_mid_checkpoint_resumes_at_one_rank(tmp_path)
 
 
 def _dspark_export(target, target_dir, path: Path) -> Path:
-    """A raw DSpark drafter exported in vLLM's layout (markov_head.*, confidence_head.proj.*), recording `target_dir`."""
+    """A raw DSpark drafter exported in vLLM's layout (markov_head.*, confidence_head.proj.*), trained for
+    `target_dir`."""
     from dmtp.drafters.block_drafter import fresh_drafter_for
 
     fresh_drafter_for(target, "raw_dflash", 3, backbone={"architecture": "dspark"}).save(path, target=str(target_dir))

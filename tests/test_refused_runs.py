@@ -110,3 +110,21 @@ def test_an_option_of_another_config_choice_is_one_line(tmp_path, monkeypatch, c
         code, said, _ = train_cli([*RUN, option], tmp_path / "run", monkeypatch, capsys)
         assert (code, said) == (2, f"dmtp.train: error: {line}")
         assert not (tmp_path / "run").exists()
+
+
+def test_a_continued_run_names_its_checkpoint_its_step_and_what_differs_from_its_record():
+    from dmtp.training.run_config import resume_line
+
+    ckpt = Path("r/checkpoints/step000006.ckpt")
+    record = OmegaConf.create({"seed": 0, "model": {"loss": "ce"}, "trainer": {"max_steps": 6},
+                               "paths": {"output_dir": "r"}, "ckpt_path": None})
+    given = OmegaConf.create({"seed": 0, "model": {"loss": "tv"}, "trainer": {"max_steps": 6}, "threads": "auto",
+                              "paths": {"output_dir": "elsewhere"}, "ckpt_path": str(ckpt)})   # paths: never a change
+    head = f"[dmtp] resume: continuing from {ckpt} (step 6) with the config given (ckpt_path=)"
+    assert resume_line(ckpt, 6, record, given, by_resume=False) == (
+        f"{head}, which differs from the run's recorded config: model.loss 'ce' -> 'tv', threads (unset) -> 'auto'")
+    assert resume_line(ckpt, 6, record, record, by_resume=False) == f"{head}, the same as the run's recorded config"
+    assert resume_line(ckpt, 6, None, given, by_resume=False) == (
+        f"{head}; the checkpoint records no config to compare it with")
+    many = OmegaConf.create({**OmegaConf.to_container(record), "extra": {f"k{i}": i for i in range(10)}})
+    assert resume_line(ckpt, 6, record, many, by_resume=True).endswith("extra.k7 (unset) -> 7 and 2 more")

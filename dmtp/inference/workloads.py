@@ -61,7 +61,8 @@ def _pooled_verified(results) -> dict:
     rounds = [sum(map(len, r.accepted_raw)) for r in results]
     if not sum(rounds) or any("verified_per_round" not in r.extra for r in results):
         return {}
-    return {"verified_per_round": sum(r.extra["verified_per_round"] * n for r, n in zip(results, rounds)) / sum(rounds)}
+    verified = sum(r.extra["verified_per_round"] * n for r, n in zip(results, rounds))
+    return {"verified_per_round": verified / sum(rounds)}
 
 
 def add_comparisons(metrics: dict, baseline: str = "ar", greedy: bool = True) -> None:

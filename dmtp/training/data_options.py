@@ -138,6 +138,7 @@ def grouped(flat: dict) -> dict[str, object]:
     """conf/data's flat options -> one record per concern (unknown keys: one line naming them)."""
     return records_from_flat(flat, FLAT_KEYS, RECORDS, "data")
 
+
 DATA_MODULE = "dmtp.training.datamodule.data_module"   # conf/data's entry point (its `_target_`)
 
 
@@ -155,6 +156,8 @@ def checked_before_loading(data_cfg) -> dict[str, object] | None:
     for name, path in records["val"].sets.items():
         try:
             load_eval_set(name, path, limit=records["val"].prompts)
-        except (ValueError, FileNotFoundError) as e:
-            raise type(e)(f"data.val_sets.{name}: {e}") from None
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"data.val_sets.{name}: {e}") from None
+        except ValueError as e:
+            raise ValueError(f"data.val_sets.{name}: {e}") from None
     return records
