@@ -277,14 +277,18 @@ DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "N
 
 
 @pytest.mark.slow
-def test_a_two_rank_fsdp_run_killed_mid_checkpoint_resumes_at_one_rank(tmp_path):
+def test_a_two_rank_fsdp_run_killed_mid_checkpoint_resumes_at_one_rank(tmp_path, micro_target_dir):
     """Rank 0 dies writing step 2's checkpoint (its other rank is killed with it, as a scheduler would): the step-1
     checkpoint is whole, the half-written temporary is the only trace, and `resume=<run>` on one rank continues
     from step 1, says so in one line, removes the temporary and finishes the run."""
     run_dir = tmp_path / "run"
     script = tmp_path / "killed_at_step_2.py"
     script.write_text(KILLED_AT_STEP_2)
-    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV} | {"OMP_NUM_THREADS": "1",
+    # A cache of its own (the targets shared): both ranks meet at its lock, and no other run on the machine does.
+    home = tmp_path / "home"
+    home.mkdir()
+    os.symlink(micro_target_dir.parent, home / "targets")
+    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV} | {"OMP_NUM_THREADS": "1", "DMTP_HOME": str(home),
                                                                          "HYDRA_MAIN_MODULE": "__main__"}
     log = tmp_path / "killed.log"
     with open(log, "w") as out:
@@ -299,7 +303,8 @@ def test_a_two_rank_fsdp_run_killed_mid_checkpoint_resumes_at_one_rank(tmp_path)
             except ProcessLookupError:
                 pass
     assert proc.returncode == -signal.SIGKILL, log.read_text()[-3000:]
-    assert "waiting for another run" not in log.read_text()   # its ranks wait for each other, not another run
+    waits = [s for s in log.read_text().splitlines() if "waiting for" in s]   # a rank waits for its other rank
+    assert all("[dmtp] waiting for this run's rank (pid " in s for s in waits), waits
     checkpoints = run_dir / "checkpoints"
     left = sorted(p.name for p in checkpoints.iterdir())
     assert left[0].startswith(".step000002.ckpt.tmp-") and left[1:] == ["last.ckpt", "step000001.ckpt"], left

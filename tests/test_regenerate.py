@@ -3,6 +3,7 @@ greedy responses equal the target's own greedy decoding, sampled ones are reprod
 the cache is keyed by everything that changes the output, and a killed run resumes without redoing
 finished shards."""
 import json
+import re
 
 import pytest
 import torch
@@ -210,7 +211,7 @@ def test_two_runs_started_together_on_one_cache_decode_it_once(micro_target, pro
     assert sorted(decoded) == [0, 1, 2, 3]   # each shard decoded once, by one of the two runs
     assert results["second"] == results["first"] == regenerate(micro_target, prompts, settings,
                                                                cache_root=tmp_path / "alone", progress=False)
-    assert "waiting for another run that is writing the training data" in capsys.readouterr().out
+    assert re.search(r"waiting for another run \(pid \d+\) that is writing the training data", capsys.readouterr().out)
 
 
 def test_engine_in_the_cache_key_only_when_sampling():
@@ -252,5 +253,6 @@ def test_a_rank_waiting_for_its_own_runs_other_rank_does_not_call_it_another_run
         with _cache_lock(tmp_path):
             pass
         holder.join()
-        who = f"this run's rank (pid {os.getpid()})" if env["MASTER_PORT"] == "29555" else "another run"
+        who = f"this run's rank (pid {os.getpid()})" if env["MASTER_PORT"] == "29555" else \
+            f"another run (pid {os.getpid()})"
         assert capsys.readouterr().out == f"[dmtp] waiting for {who} that is writing the training data in {tmp_path}\n"

@@ -172,6 +172,18 @@ def _process_group() -> str:
     return f"{addr}:{port}" if addr and port and world > 1 else ""
 
 
+def _holder(fd: int) -> str:
+    """Who holds the lock, as its holder wrote it: "this run's rank (pid N)" (the same distributed run) or
+    "another run (pid N)". The holder writes it right after taking the lock and clears it on release."""
+    for _ in range(20):   # the instant between the holder's lock and its write
+        holder = os.pread(fd, 200, 0).decode(errors="replace").split()   # "<pid> <its process group>"
+        if holder:
+            break
+        time.sleep(0.05)
+    pid = f" (pid {holder[0]})" if holder else ""
+    return f"this run's rank{pid}" if len(holder) == 2 and holder[1] == _process_group() else f"another run{pid}"
+
+
 @contextmanager
 def _cache_lock(out_dir: Path):
     """One run at a time writes (and verifies) a cache directory; the others wait, then read it."""
@@ -180,14 +192,14 @@ def _cache_lock(out_dir: Path):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").split()   # "<pid> <its process group>"
-            who = (f"this run's rank (pid {holder[0]})" if len(holder) == 2 and holder[1] == _process_group()
-                   else "another run")
-            print(f"[dmtp] waiting for {who} that is writing the training data in {out_dir}")
+            print(f"[dmtp] waiting for {_holder(fd)} that is writing the training data in {out_dir}")
             fcntl.flock(fd, fcntl.LOCK_EX)
-        os.ftruncate(fd, 0)
+        os.ftruncate(fd, 0)   # what a killed holder left
         os.pwrite(fd, f"{os.getpid()} {_process_group() or '-'}".encode(), 0)   # who holds it, for a waiter
-        yield
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
     finally:
         os.close(fd)   # releases the lock (so does the process ending, however it ends)
 
