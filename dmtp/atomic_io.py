@@ -20,8 +20,9 @@ import io
 import json
 import os
 import re
+import secrets
 import shutil
-import tempfile
+import stat
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -61,6 +62,19 @@ def _failure(path: Path, err: BaseException) -> WriteFailed | None:
     return WriteFailed(code, path, kept=path.name)
 
 
+def _settle(tmp: Path, lock_fd: int) -> None:
+    """The temporary's content on disk, with the mode the umask gives. Most writers truncate the temporary we
+    created (same inode); safetensors' writer makes a new file of its own, mode 0600, and renames it over ours: that
+    file gets our file's mode and is the one fsynced."""
+    written = os.open(tmp, os.O_RDONLY)
+    try:
+        if os.fstat(written).st_ino != os.fstat(lock_fd).st_ino:
+            os.fchmod(written, stat.S_IMODE(os.fstat(lock_fd).st_mode))
+        os.fsync(written)
+    finally:
+        os.close(written)
+
+
 @contextmanager
 def atomic_path(path: str | Path):
     """Yields the temporary path to write `path`'s new content to (with any writer that takes a file name);
@@ -68,14 +82,14 @@ def atomic_path(path: str | Path):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_name(path)
-    try:
-        lock_fd = os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+    try:   # 0o666 less the umask: the mode any file the user's programs create gets (readable by others at 022)
+        lock_fd = os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o666)
     except OSError as e:
         raise (_failure(path, e) or e) from None
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)   # marks the temporary as being written (see module doc)
         yield tmp
-        os.fsync(lock_fd)   # same inode as the writer's (writers truncate, they do not unlink)
+        _settle(tmp, lock_fd)
         os.replace(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
@@ -123,7 +137,13 @@ def staging_directory(final: str | Path) -> Path:
     """A new directory beside `final` to build its whole content in, then `publish_directory` it."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f"{temporary_name(final).name}-", dir=final.parent))
+    while True:   # mkdtemp's directories are 0700; this one gets the mode the umask gives, as `final` would
+        staging = final.parent / f"{temporary_name(final).name}-{secrets.token_hex(4)}"
+        try:
+            staging.mkdir(0o777)
+            return staging
+        except FileExistsError:
+            continue
 
 
 def publish_directory(staging: Path, final: str | Path) -> None:

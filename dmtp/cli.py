@@ -1,15 +1,18 @@
 """Command-line plumbing: bad input or an environment fault ends a command with one line, not a traceback.
 
-The wording is dmtp.errors': bad input (`USER_ERRORS`) prints `<prog>: error: <message>` and exits with
-status 2; an environment fault (`environment_fault`: a full disk, a quota, a read-only filesystem, wherever
-it is raised, Hydra's own writes included) prints its one line and exits with status 1.
+The wording is dmtp.errors': bad input (`USER_ERRORS`, and an option the config has no key for, which Hydra
+itself refuses) prints `<prog>: error: <message>` and exits with status 2; an environment fault
+(`environment_fault`: a full disk, a quota, a read-only filesystem, wherever it is raised, Hydra's own writes
+included) prints its one line and exits with status 1.
 `DMTP_TRACEBACK=1` re-raises instead, for debugging.
 """
 from __future__ import annotations
 
 import os
+import re
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 
 from dmtp.errors import USER_ERRORS, environment_fault
 
@@ -43,8 +46,49 @@ def environment_faults_one_line(prog: str):
         raise SystemExit(1) from None
 
 
+_NOT_AN_OPTION = re.compile(r"Could not override '([^']+)'")
+
+
+def unknown_option_line(err: BaseException, prog: str) -> str | None:
+    """Hydra's refusal of an option the composed config does not have (`drafter.markov_head_type=...` without
+    `drafter=dspark`), as one line naming the config-group choices that have it; None for any other error."""
+    from hydra.errors import ConfigCompositionException
+    from omegaconf import OmegaConf
+
+    from dmtp.configs import CONF_DIR
+
+    found = _NOT_AN_OPTION.match(str(err)) if isinstance(err, ConfigCompositionException) else None
+    if found is None or "not in struct" not in str(err.__cause__):
+        return None
+    key = found.group(1)
+    group, _, rest = key.partition(".")
+    primary = OmegaConf.load(Path(CONF_DIR) / f"{prog.rpartition('.')[2]}.yaml")   # conf/train.yaml for dmtp.train
+    groups = {next(iter(d)) for d in primary.get("defaults", []) if OmegaConf.is_dict(d)}
+    missing = object()
+    owners = [f"{group}={path.stem}" for path in sorted((Path(CONF_DIR) / group).glob("*.yaml"))
+              if group in groups and rest and OmegaConf.select(OmegaConf.load(path), rest, default=missing)
+              is not missing]
+    if owners:
+        return (f"{key} is not an option of the {group} config in use; {', '.join(owners)} "
+                f"{'has' if len(owners) == 1 else 'have'} it: add {owners[0]} to the command")
+    return f"{key} is not an option (python -m {prog} --cfg job lists them)"
+
+
+@contextmanager
+def unknown_options_one_line(prog: str):
+    """An option Hydra cannot set because the config has no such key: `<prog>: error: <line>`, exit status 2."""
+    try:
+        yield
+    except Exception as err:
+        line = unknown_option_line(err, prog)
+        if line is None or os.environ.get("DMTP_TRACEBACK"):
+            raise
+        print(f"{prog}: error: {line}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def _faults_as_one_line(prog: str, func):
-    with environment_faults_one_line(prog):
+    with environment_faults_one_line(prog), unknown_options_one_line(prog):
         return func()
 
 

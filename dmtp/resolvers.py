@@ -4,8 +4,6 @@
   whose cache Hydra copies into every job of a multirun), so that runs started in the same second
   (a shell loop, a scheduler) never share a run directory.
 - `${dmtp_run_dir:${resume},${ckpt_path},<default>}`: a resumed run continues in its own directory.
-- `${dmtp_config_subdir:${resume},${ckpt_path},<id>}`: where Hydra records the config: `.hydra` for a new
-  run, `.hydra/resumed-<id>` for a resumed one (the original record is kept).
 """
 from __future__ import annotations
 
@@ -20,11 +18,6 @@ def _run_dir(resume, ckpt_path, default):
     return hydra_run_dir(resume, ckpt_path, default)
 
 
-def _config_subdir(resume, ckpt_path, run_id):
-    return f".hydra/resumed-{run_id}" if _run_dir(resume, ckpt_path, None) else ".hydra"
-
-
 def register() -> None:
     OmegaConf.register_new_resolver("dmtp_run_id", lambda: secrets.token_hex(3), use_cache=True, replace=True)
     OmegaConf.register_new_resolver("dmtp_run_dir", _run_dir, replace=True)
-    OmegaConf.register_new_resolver("dmtp_config_subdir", _config_subdir, replace=True)

@@ -15,17 +15,20 @@ from dmtp.threads import claim_process
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def _hydra_main(cfg: DictConfig) -> float | None:
+    from hydra.core.hydra_config import HydraConfig
+
     from dmtp.quiet import plain_lightning_logging, quiet_known_warnings
+    from dmtp.run_records import hydra_record, unused_dir_removed
     from dmtp.threads import apply_threads
 
     plain_lightning_logging()
-    with one_line_errors("dmtp.train"), quiet_known_warnings():
+    run_dir = HydraConfig.get().runtime.output_dir
+    with one_line_errors("dmtp.train"), quiet_known_warnings(), unused_dir_removed(run_dir):
         print(apply_threads(cfg.get("threads")))
-        from hydra.core.hydra_config import HydraConfig
-
         from dmtp.training.job import train
 
-        summary = train(cfg, overrides=list(HydraConfig.get().overrides.task))   # what resume= may take
+        summary = train(cfg, overrides=list(HydraConfig.get().overrides.task),   # what resume= may take
+                        record=hydra_record(cfg))                                 # written once the run holds its dir
     return summary.get("val/tau")
 
 

@@ -11,9 +11,12 @@ from hydra.core.global_hydra import GlobalHydra
 HYDRA_QUIET = ["hydra/job_logging=none", "hydra/hydra_logging=none", "hydra.output_subdir=null"]
 
 
-def run_command(module: str, args: list[str], run_dir: Path, monkeypatch, capsys) -> tuple[int, str, str]:
-    """`python -m <module> <args>`, in this process: (exit status, last stderr line, stdout)."""
-    monkeypatch.setattr(sys, "argv", [module, *args, f"hydra.run.dir={run_dir}", *HYDRA_QUIET])
+def run_command(module: str, args: list[str], run_dir: Path, monkeypatch, capsys,
+                records: bool = False) -> tuple[int, str, str]:
+    """`python -m <module> <args>`, in this process: (exit status, last stderr line, stdout). `records`: Hydra's
+    record of the run (`.hydra/`) is left to the command's configuration, as a user's run has it."""
+    quiet = [o for o in HYDRA_QUIET if not (records and o.startswith("hydra.output_subdir"))]
+    monkeypatch.setattr(sys, "argv", [module, *args, f"hydra.run.dir={run_dir}", *quiet])
     # As under `python -m`: Hydra finds conf/ relative to the command's file, not its package.
     monkeypatch.setenv("HYDRA_MAIN_MODULE", "__main__")
     capsys.readouterr()

@@ -243,3 +243,203 @@ def test_every_moved_entry_point_exists_and_a_run_recorded_before_the_data_recor
     assert restored.data._target_ == "dmtp.training.datamodule.data_module"
     built = instantiate(restored.data)(tokenizer=None, target=None)
     assert type(built) is DraftDataModule and built.loader.seq_len == data["seq_len"]
+
+
+# A 2-rank FSDP run whose rank 0 is killed (SIGKILL, no cleanup) half-way through writing its step-2 checkpoint.
+KILLED_AT_STEP_2 = """
+import os, signal, sys
+import dmtp.atomic_io as atomic_io
+
+class Dying:
+    def __init__(self, f): self.f = f
+    def write(self, data):
+        self.f.write(bytes(data)[:len(data) // 2]); self.f.flush(); os.kill(os.getpid(), signal.SIGKILL)
+    def __getattr__(self, name): return getattr(self.f, name)
+    def __enter__(self): return self
+    def __exit__(self, *exc): self.f.close()
+
+def dying_open(file, *args, **kwargs):
+    f = open(file, *args, **kwargs)
+    return Dying(f) if os.path.basename(str(file)).startswith(".step000002.ckpt.tmp-") else f
+
+atomic_io.open = dying_open
+from dmtp.threads import claim_process
+from dmtp.train import main
+claim_process()
+main()
+"""
+FSDP_RUN = ["debug=tiny_budget", "logger=none", "callbacks=default", "~callbacks.lr_monitor",
+            "callbacks.model_checkpoint.every_n_train_steps=1", "callbacks.model_checkpoint.save_top_k=-1",
+            "data.max_examples=40", "data.val_domains=[]", "model.val_walk=false", "trainer.enable_progress_bar=false",
+            "trainer.precision=32-true", "trainer=fsdp", "trainer.accelerator=cpu", "data.batch_size=2",
+            "trainer.max_steps=3"]
+DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE")
+
+
+@pytest.mark.slow
+def test_a_two_rank_fsdp_run_killed_mid_checkpoint_resumes_at_one_rank(tmp_path, micro_target_dir):
+    """Rank 0 dies writing step 2's checkpoint (its other rank is killed with it, as a scheduler would): the step-1
+    checkpoint is whole, the half-written temporary is the only trace, and `resume=<run>` on one rank continues
+    from step 1, says so in one line, removes the temporary and finishes the run."""
+    run_dir = tmp_path / "run"
+    script = tmp_path / "killed_at_step_2.py"
+    script.write_text(KILLED_AT_STEP_2)
+    # A cache of its own (the targets shared): both ranks meet at its lock, and no other run on the machine does.
+    home = tmp_path / "home"
+    home.mkdir()
+    os.symlink(micro_target_dir.parent, home / "targets")
+    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV} | {"OMP_NUM_THREADS": "1", "DMTP_HOME": str(home),
+                                                                         "HYDRA_MAIN_MODULE": "__main__"}
+    log = tmp_path / "killed.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, str(script), *FSDP_RUN, "trainer.devices=2",
+                                 f"hydra.run.dir={run_dir}"], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        try:
+            proc.wait(timeout=300)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)   # rank 1 goes with it (its own session: nothing else)
+            except ProcessLookupError:
+                pass
+    assert proc.returncode == -signal.SIGKILL, log.read_text()[-3000:]
+    waits = [s for s in log.read_text().splitlines() if "waiting for" in s]   # a rank waits for its other rank
+    assert all("[dmtp] waiting for this run's rank (pid " in s for s in waits), waits
+    checkpoints = run_dir / "checkpoints"
+    left = sorted(p.name for p in checkpoints.iterdir())
+    assert left[0].startswith(".step000002.ckpt.tmp-") and left[1:] == ["last.ckpt", "step000001.ckpt"], left
+    assert _step_of(checkpoints / "last.ckpt") == 1 and not (run_dir / "drafter").exists()
+
+    env.pop("HYDRA_MAIN_MODULE")
+    resumed = subprocess.run([sys.executable, "-m", "dmtp.train", f"resume={run_dir}", "trainer.devices=1"],
+                             capture_output=True, text=True, env=env, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    line = [s for s in resumed.stdout.splitlines() if s.startswith("[dmtp] resume:")]
+    assert line == [f"[dmtp] resume: continuing from {checkpoints / 'last.ckpt'} (step 1) with the run's recorded "
+                    "config; changed now: trainer.devices 2 -> 1"], resumed.stdout[-3000:]
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["last.ckpt", "step000001.ckpt", "step000002.ckpt",
+                                                             "step000003.ckpt"]
+    assert _step_of(checkpoints / "last.ckpt") == 3 and (run_dir / "drafter" / "model.safetensors").is_file()
+
+
+def _dspark_export(target, target_dir, path: Path) -> Path:
+    """A raw DSpark drafter exported in vLLM's layout (markov_head.*, confidence_head.proj.*), trained for
+    `target_dir`."""
+    from dmtp.drafters.block_drafter import fresh_drafter_for
+
+    fresh_drafter_for(target, "raw_dflash", 3, backbone={"architecture": "dspark"}).save(path, target=str(target_dir))
+    return path
+
+
+def _edit_tensors(path: Path, edit) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(path / "model.safetensors"))
+
+
+def _edit_config(path: Path, both: bool = False, **changes) -> None:
+    """config.json's top level changed (`both`: its dflash_config too)."""
+    import json
+
+    config = json.loads((path / "config.json").read_text())
+    if both:
+        config["dflash_config"] = {**config["dflash_config"], **changes}
+    (path / "config.json").write_text(json.dumps({**config, **changes}))
+
+
+def _truncate(path: Path) -> None:
+    data = (path / "model.safetensors").read_bytes()
+    (path / "model.safetensors").write_bytes(data[:len(data) // 2])
+
+
+def _nan(tensors):
+    tensors["confidence_head.proj.weight"][0, 0] = float("nan")
+
+
+def _narrow(tensors):
+    tensors["markov_head.markov_w1.weight"] = tensors["markov_head.markov_w1.weight"][:, :5].contiguous()
+
+
+CORRUPTED_DSPARK = {
+    "truncated": (_truncate, "model.safetensors is not a readable safetensors file"),
+    "markov tensor missing": (lambda p: _edit_tensors(p, lambda t: t.pop("markov_head.markov_w2.weight")),
+                              "model.safetensors: missing drafter tensor markov_head.markov_w2.weight"),
+    "markov rank changed": (lambda p: _edit_tensors(p, _narrow),
+                            "model.safetensors: tensor markov_head.markov_w1.weight has shape (512, 5), expected "
+                            "(512, 32)"),
+    "confidence head NaN": (lambda p: _edit_tensors(p, _nan), "model.safetensors: tensor confidence_head.proj.weight "
+                                                              "has non-finite values"),
+    # vLLM reads DSpark's fields at config.json's top level, dmtp reads dflash_config first: they must agree
+    "top level contradicts dflash_config": (lambda p: _edit_config(p, markov_rank=7),
+                                            "config.json: markov_rank is 7 at the top level but 32 in dflash_config"),
+    "unknown markov head": (lambda p: _edit_config(p, both=True, markov_head_type="lstm"),
+                            "markov_head_type must be one of vanilla, gated, rnn, got 'lstm'"),
+}
+
+
+@pytest.mark.parametrize("damage", list(CORRUPTED_DSPARK))
+def test_a_corrupted_dspark_export_is_one_line_and_nothing_is_written(damage, tmp_path, micro_target, micro_target_dir,
+                                                                      monkeypatch, capsys):
+    from cli_runner import infer_cli
+
+    corrupt, said = CORRUPTED_DSPARK[damage]
+    drafter = _dspark_export(micro_target, micro_target_dir, tmp_path / "dspark")
+    corrupt(drafter)
+    files = {p.name: p.read_bytes() for p in drafter.iterdir()}
+    code, line, _ = infer_cli([f"target.path={micro_target_dir}", f"drafter={drafter}", "methods=[ar,drafter]",
+                               "num_prompts=1", "eval.domains=[code]", "max_new_tokens=4", "eval.prompt_tokens=8",
+                               "confidence_threshold=0.5"], tmp_path / "run", monkeypatch, capsys)
+    assert code == 2 and line.startswith("dmtp.infer: error: ") and said in line, line
+    assert not (tmp_path / "run" / "metrics.json").exists()
+    assert {p.name: p.read_bytes() for p in drafter.iterdir()} == files   # its card included
+
+
+def test_results_against_another_target_than_the_drafters_say_so_with_the_table(tmp_path, micro_target,
+                                                                                  micro_target_dir, monkeypatch,
+                                                                                  capsys):
+    """The drafter recorded a target whose digests differ from the one decoded now (another config.json; the same
+    config.json with another MTP): the warning line is printed with the results table (table.txt) and recorded in
+    metrics.json as run.target_mismatch; against its own target, null."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from cli_runner import infer_cli
+    from dmtp.drafters.block_drafter import fresh_drafter_for
+
+    def other_target(name, config_note=None, mtp_nudge=False):
+        other = tmp_path / name
+        other.mkdir()
+        for f in micro_target_dir.iterdir():
+            if not (config_note and f.name == "config.json") and not (mtp_nudge and f.name == "mtp.safetensors"):
+                os.symlink(f, other / f.name)
+        if config_note:
+            config = json.loads((micro_target_dir / "config.json").read_text())
+            (other / "config.json").write_text(json.dumps({**config, "note": config_note}))
+        if mtp_nudge:
+            tensors = load_file(str(micro_target_dir / "mtp.safetensors"))
+            first = sorted(tensors)[0]
+            tensors[first] = tensors[first] + 1e-3
+            save_file(tensors, str(other / "mtp.safetensors"))
+        return other
+
+    for other, digest in [(other_target("finetuned", config_note="fine-tuned"), "config.json sha256 "),
+                          (other_target("retrained_mtp", mtp_nudge=True), "MTP sha256 mtp.safetensors "),
+                          (micro_target_dir, None)]:
+        drafter = tmp_path / f"drafter_{other.name}"
+        fresh_drafter_for(micro_target, "dual_anchor_zero_init", 3).save(drafter, target=str(other))
+        run = tmp_path / f"run_{other.name}"
+        code, line, out = infer_cli([f"target.path={micro_target_dir}", f"drafter={drafter}", "methods=[ar,drafter]",
+                                     "num_prompts=1", "eval.domains=[code]", "max_new_tokens=4",
+                                     "eval.prompt_tokens=8"], run, monkeypatch, capsys)
+        assert code == 0, line
+        recorded = json.loads((run / "metrics.json").read_text())["run"]["target_mismatch"]
+        if digest is None:
+            assert recorded is None and "warning" not in out
+            continue
+        assert recorded.startswith(f"[dmtp] warning: drafter {drafter} was trained for {other} ({digest}"), recorded
+        assert f"but decodes against {micro_target_dir}" in recorded
+        assert (run / "table.txt").read_text().splitlines()[-1] == recorded
+        assert out.splitlines().count(recorded) == 2   # when it loads, and with the table

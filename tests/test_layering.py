@@ -25,7 +25,7 @@ TIERS = {
     # 0: utilities
     "dmtp": 0,   # the package's __init__ only (it registers the config resolvers)
     "dmtp.atomic_io": 0, "dmtp.paths": 0, "dmtp.threads": 0, "dmtp.quiet": 0, "dmtp.errors": 0,
-    "dmtp.configs": 0, "dmtp.resolvers": 0, "dmtp.run_dirs": 0,
+    "dmtp.configs": 0, "dmtp.resolvers": 0, "dmtp.run_dirs": 0, "dmtp.run_records": 0,
     # 1: libraries
     "dmtp.models": 1, "dmtp.drafters": 1, "dmtp.injection": 1, "dmtp.data": 1,
     # 2: built on the libraries

@@ -3,6 +3,7 @@ greedy responses equal the target's own greedy decoding, sampled ones are reprod
 the cache is keyed by everything that changes the output, and a killed run resumes without redoing
 finished shards."""
 import json
+import re
 
 import pytest
 import torch
@@ -210,7 +211,7 @@ def test_two_runs_started_together_on_one_cache_decode_it_once(micro_target, pro
     assert sorted(decoded) == [0, 1, 2, 3]   # each shard decoded once, by one of the two runs
     assert results["second"] == results["first"] == regenerate(micro_target, prompts, settings,
                                                                cache_root=tmp_path / "alone", progress=False)
-    assert "waiting for another run that is writing the training data" in capsys.readouterr().out
+    assert re.search(r"waiting for another run \(pid \d+\) that is writing the training data", capsys.readouterr().out)
 
 
 def test_engine_in_the_cache_key_only_when_sampling():
@@ -221,3 +222,37 @@ def test_engine_in_the_cache_key_only_when_sampling():
     assert "engine" not in sampled[0]                  # dmtp's keys are those written before engines existed
     with pytest.raises(ValueError, match="regeneration engine must be one of dmtp, vllm"):
         RegenSettings(new_tokens=8, engine="sglang")
+
+
+def test_a_rank_waiting_for_its_own_runs_other_rank_does_not_call_it_another_run(tmp_path, monkeypatch, capsys):
+    """Ranks of one distributed run share its rendezvous (MASTER_ADDR:MASTER_PORT, WORLD_SIZE > 1): a rank that
+    waits for the one writing the data says it waits for its own run's rank; a holder of another rendezvous, or
+    none, is another run (issue 43)."""
+    import os
+    import threading
+
+    from dmtp.training.regenerate import _cache_lock
+
+    for env in ({"MASTER_PORT": "29555"}, {"MASTER_PORT": "29556"}):
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", "29555")
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        held, release = threading.Event(), threading.Event()
+
+        def hold():
+            with _cache_lock(tmp_path):
+                held.set()
+                release.wait(30)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        held.wait(30)
+        for key, value in env.items():   # the waiter's own rendezvous
+            monkeypatch.setenv(key, value)
+        threading.Timer(0.3, release.set).start()
+        with _cache_lock(tmp_path):
+            pass
+        holder.join()
+        who = f"this run's rank (pid {os.getpid()})" if env["MASTER_PORT"] == "29555" else \
+            f"another run (pid {os.getpid()})"
+        assert capsys.readouterr().out == f"[dmtp] waiting for {who} that is writing the training data in {tmp_path}\n"

@@ -95,7 +95,8 @@ class DecodeResult:
             "timed_rounds": self.counted_rounds,
             "batches": self.batches,
             "sampling": {"temperature": self.sampling.temperature, "top_k": self.sampling.top_k,
-                         "top_p": self.sampling.top_p, "verification": self.sampling.verification},
+                         "top_p": self.sampling.top_p, "verification": self.sampling.verification,
+                         "confidence_threshold": self.sampling.confidence_threshold},
             "per_request": [{"prompt_tokens": p, "output_tokens": len(t), "rounds": len(a),
                              "tau": (sum(x + 1 for x in a) / len(a)) if a else None}
                             for p, t, a in zip(self.prompt_lengths, self.tokens, self.accepted)],

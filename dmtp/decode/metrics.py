@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["AcceptanceRecorder", "throughput"]
+__all__ = ["AcceptanceRecorder", "nothing_verified", "throughput"]
 
 
 class AcceptanceRecorder:
@@ -123,6 +123,18 @@ class AcceptanceRecorder:
             "num_candidates": k_max,
             "block_size": k_max + 1,   # the verified block: A and the K candidates
         }
+
+
+def nothing_verified(method: str, summary: dict) -> str | None:
+    """One line when confidence-scheduled verification verified no candidate of `method` in any round
+    (`summary`: a decoding summary, its `verified_per_round` and `sampling`): its tau is then 1 and its T1
+    acceptance 0 by construction, not measured (issue 43). None otherwise."""
+    threshold = (summary.get("sampling") or {}).get("confidence_threshold") or 0
+    if threshold <= 0 or not summary.get("rounds") or summary.get("verified_per_round") != 0:
+        return None
+    return (f"[dmtp] confidence_threshold={threshold} verified no candidate of {method} in any of its "
+            f"{summary['rounds']} rounds (its predicted survival never reached {threshold}): its tau 1 and T1 0 are "
+            "the threshold's, not the drafter's; lower it (0 = off) or train the confidence head")
 
 
 def throughput(total_output_tokens: int | float, wall_s: float) -> float:

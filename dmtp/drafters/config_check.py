@@ -10,7 +10,8 @@ _DTYPE_KEYS = ("torch_dtype", "dtype")   # transformers writes torch_dtype (newe
 
 
 def check_raw_drafter_config(raw, cfg_path: str) -> None:
-    """The keys `DFlashConfig.from_hf_config` needs are present and sane; a dtype, if named, is a real one."""
+    """The keys `DFlashConfig.from_hf_config` needs are present and sane, a key written both at the top level and in
+    `dflash_config` has one value, and a dtype, if named, is a real one."""
     if not isinstance(raw, dict):
         raise ValueError(f"{cfg_path}: expected a JSON object, got {type(raw).__name__}")
     for key in REQUIRED_SIZES:
@@ -19,6 +20,11 @@ def check_raw_drafter_config(raw, cfg_path: str) -> None:
         value = raw[key]
         if type(value) is not int or value < 1:
             raise ValueError(f"{cfg_path}: {key} must be an integer >= 1, got {value!r}")
+    sub = raw.get("dflash_config")
+    for key, value in (sub.items() if isinstance(sub, dict) else ()):   # e.g. DSpark's markov_rank, written at both
+        if value is not None and raw.get(key) is not None and raw[key] != value:
+            raise ValueError(f"{cfg_path}: {key} is {raw[key]!r} at the top level but {value!r} in dflash_config "
+                             "(engines read one or the other: the file contradicts itself; fix it or export again)")
     for key in _DTYPE_KEYS:
         value = raw.get(key)
         if value is not None and not _is_float_dtype_name(value):

@@ -13,7 +13,8 @@ from omegaconf import OmegaConf
 
 from dmtp.atomic_io import write_json, write_text
 from dmtp.data.evalsets import build_turn_prompts
-from dmtp.inference.drafters import drafter_target, find_latest_drafter, method_needs_mtp, no_drafter_for
+from dmtp.inference.drafters import (drafter_target_mismatch, find_latest_drafter, method_needs_mtp, no_drafter_for,
+                                     target_over_preset)
 from dmtp.inference.options import decode_options, named_methods
 from dmtp.inference.prompt_sets import embedded_prompts, eval_set_prompts, fit_prompts, prompt_limit
 from dmtp.engines.base import DecoderRequest
@@ -36,6 +37,7 @@ class Loaded:
     drafter: LoadedDrafter | None
     mtp: object
     methods: list[str]
+    target_from: str = "target.preset"   # what chose the target: target.path | drafter (its record) | target.preset
 
 
 def compare_methods(cfg, named: set[str] | None = None) -> dict:
@@ -80,8 +82,8 @@ def load(cfg, named: set[str]) -> Loaded:
     drafter_dir = None
     if "drafter" in methods:
         drafter_dir = Path(cfg.drafter.path) if cfg.drafter.path else newest_drafter_for(cfg.target)
-    trained_on = drafter_target(drafter_dir) if cfg.drafter.path else None
-    target = load_target(cfg.target, device, dtype, path=None if cfg.target.path else trained_on)
+    trained_on = target_over_preset(cfg.target, drafter_dir) if cfg.drafter.path else None
+    target = load_target(cfg.target, device, dtype, path=trained_on)
     drafter = None
     if drafter_dir is not None:
         options = cfg.drafter.get("injection_options")
@@ -89,7 +91,8 @@ def load(cfg, named: set[str]) -> Loaded:
         drafter = load_drafter(target, drafter_dir, device, dtype, injection=cfg.drafter.get("injection"),
                                options=options, block_size=cfg.drafter.get("block_size"))
     mtp, drafter, methods = with_mtp(target, drafter, methods, named)
-    return Loaded(target, device, dtype, drafter, mtp, methods)
+    chosen_by = "target.path" if cfg.target.path else "drafter" if trained_on else "target.preset"
+    return Loaded(target, device, dtype, drafter, mtp, methods, chosen_by)
 
 
 def with_mtp(target: LoadedTarget, drafter: LoadedDrafter | None, methods: list[str], named: set[str]):
@@ -161,7 +164,7 @@ def run_record(cfg, loaded: Loaded, decoders: dict, workloads: dict) -> dict:
     drafter = loaded.drafter
     return {
         "target": loaded.target.path, "target_digest": weights_digest(loaded.target.path),
-        "drafter": drafter.path if drafter else None,
+        "target_from": loaded.target_from, "drafter": drafter.path if drafter else None,
         "injection": drafter.label if drafter else None,
         "methods": list(decoders), "device": str(loaded.device), "dtype": dtype_name(loaded.dtype),
         "batch_size": cfg.batch_size, "max_new_tokens": cfg.max_new_tokens, "eval": cfg.eval.name,
@@ -170,6 +173,8 @@ def run_record(cfg, loaded: Loaded, decoders: dict, workloads: dict) -> dict:
         "compiled": bool(first.get("compiled")), "compile_s": {name: d.info()["compile_s"] for name, d in decoders.items()},
         "attention": first.get("attention"),
         "engine": cfg.get("engine", "dmtp"),
+        # the target the drafter recorded is another than this one: the warning line, printed with the table
+        "target_mismatch": drafter_target_mismatch(drafter.path, loaded.target.path) if drafter else None,
     }
 
 

@@ -23,6 +23,29 @@ def drafter_target(drafter_dir: Path | None) -> str | None:
     return path if path and Path(path).is_dir() else None
 
 
+def target_over_preset(target_cfg, drafter_dir: Path | None) -> str | None:
+    """The target a given drafter records, decoded against instead of the embedded preset when no target.path is
+    given (README, "Which target dmtp.infer decodes against"); one line says so whenever it is not the preset's."""
+    from dmtp.tiny.targets import default_target_dir
+
+    trained_on = None if target_cfg.path else drafter_target(drafter_dir)
+    if trained_on and not same_target(trained_on, default_target_dir(target_cfg.preset)):
+        print(f"[dmtp] target: {trained_on}, the one drafter {drafter_dir} was trained for, not "
+              f"target.preset={target_cfg.preset} (target.path=<dir> decodes it against another)")
+    return trained_on
+
+
+def drafter_target_mismatch(drafter_dir, target_path) -> str | None:
+    """The warning line when the target a drafter decodes against is not the one whose digests it recorded
+    (dmtp.models.provenance.target_mismatch), for the results it is printed and recorded with."""
+    from dmtp.drafters.checkpoint import read_drafter_config
+    from dmtp.models.provenance import target_mismatch
+
+    if drafter_dir is None or target_path is None:
+        return None
+    return target_mismatch(read_drafter_config(drafter_dir).get("dmtp") or {}, target_path, f"drafter {drafter_dir}")
+
+
 def same_target(a: str | Path, b: str | Path) -> bool:
     """Two target references name one checkpoint: equal resolved local paths, or equal hub ids."""
     pa, pb = Path(a).expanduser(), Path(b).expanduser()

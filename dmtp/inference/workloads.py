@@ -52,8 +52,17 @@ def _merge(results) -> dict:
                           [p for r in results for p in r.prompt_lengths], sum(r.wall_s for r in results),
                           sum(r.prefill_s for r in results), [t for r in results for t in r.ttft_s],
                           {k: v / rounds for k, v in stage_tot.items()} if rounds else {}, rounds,
-                          sum(r.batches for r in results), first.sampling, dict(first.extra))
+                          sum(r.batches for r in results), first.sampling, {**first.extra, **_pooled_verified(results)})
     return merged.summary()
+
+
+def _pooled_verified(results) -> dict:
+    """verified_per_round over all the workloads' rounds (each result's is over its own)."""
+    rounds = [sum(map(len, r.accepted_raw)) for r in results]
+    if not sum(rounds) or any("verified_per_round" not in r.extra for r in results):
+        return {}
+    verified = sum(r.extra["verified_per_round"] * n for r, n in zip(results, rounds))
+    return {"verified_per_round": verified / sum(rounds)}
 
 
 def add_comparisons(metrics: dict, baseline: str = "ar", greedy: bool = True) -> None:

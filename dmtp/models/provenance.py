@@ -4,17 +4,24 @@ A drafter is trained against one target's hidden states and (for DMTP) its nativ
 another checkpoint of the same shapes it runs, silently worse. config.json's "dmtp" section therefore
 records the target as given (a local path or a hub id), the sha256 of its config.json and of the files
 holding its MTP tensors (what `sha256sum` prints, so a user can check them by hand), and decoding compares
-the target's config hash with the recorded one (`target_mismatch`).
+the target's hashes with the recorded ones (`target_mismatch`: config.json, then the MTP's files).
 """
 from __future__ import annotations
 
 import hashlib
+from functools import lru_cache
 from pathlib import Path
 
 CHUNK = 1 << 20
 
 
 def file_sha256(path: str | Path) -> str:
+    stat = Path(path).stat()
+    return _sha256(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=64)
+def _sha256(path: str, size: int, mtime_ns: int) -> str:   # once per file version in a process (load, then report)
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(CHUNK), b""):
@@ -76,11 +83,21 @@ def target_mismatch(recorded: dict, target: str | Path | None, what: str = "this
     if target is None:
         return None
     expected, actual = recorded.get("target_config_sha256"), config_sha256(target)
-    if not expected or not actual or expected == actual:
+    if expected and actual and expected != actual:
+        return (f"[dmtp] warning: {what} was trained for {recorded.get('target')} (config.json sha256 "
+                f"{expected[:12]}), but decodes against {target} (config.json sha256 {actual[:12]}): its acceptance "
+                "may be lower; tokens stay the target's")
+    expected_mtp = recorded.get("target_mtp_sha256")
+    actual_mtp = mtp_file_hashes(target) if expected_mtp else None
+    if not actual_mtp or actual_mtp == expected_mtp:
         return None
-    return (f"[dmtp] warning: {what} was trained for {recorded.get('target')} (config.json sha256 "
-            f"{expected[:12]}), but decodes against {target} (config.json sha256 {actual[:12]}): its acceptance "
-            "may be lower; tokens stay the target's")
+    return (f"[dmtp] warning: {what} was trained for {recorded.get('target')} (MTP sha256 {_short(expected_mtp)}), "
+            f"but decodes against {target}, whose MTP differs (sha256 {_short(actual_mtp)}): its acceptance may be "
+            "lower; tokens stay the target's")
+
+
+def _short(hashes: dict) -> str:
+    return ", ".join(f"{name} {digest[:12]}" for name, digest in sorted(hashes.items()))
 
 
 __all__ = ["config_sha256", "file_sha256", "mtp_file_hashes", "target_mismatch", "target_provenance",

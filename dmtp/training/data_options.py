@@ -137,3 +137,27 @@ RECORDS = {"source": SourceOptions, "regen": RegenOptions, "val": ValidationOpti
 def grouped(flat: dict) -> dict[str, object]:
     """conf/data's flat options -> one record per concern (unknown keys: one line naming them)."""
     return records_from_flat(flat, FLAT_KEYS, RECORDS, "data")
+
+
+DATA_MODULE = "dmtp.training.datamodule.data_module"   # conf/data's entry point (its `_target_`)
+
+
+def checked_before_loading(data_cfg) -> dict[str, object] | None:
+    """conf/data's options checked before anything heavy (dmtp.train, before the target loads): each record's own
+    checks, and every `data.val_sets` file read (missing, unreadable or not the named set's format: its one line),
+    so a wrong file is said in seconds, not after the target has loaded and the training data is written. None for
+    another data module than dmtp's."""
+    from dmtp.data.evalsets import load_eval_set
+
+    if data_cfg.get("_target_") != DATA_MODULE:
+        return None
+    records = grouped({k: None if OmegaConf.is_missing(data_cfg, k) else data_cfg[k]   # `???`: as Hydra passes it
+                       for k in data_cfg if not str(k).startswith("_") and k != "seed"})
+    for name, path in records["val"].sets.items():
+        try:
+            load_eval_set(name, path, limit=records["val"].prompts)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"data.val_sets.{name}: {e}") from None
+        except ValueError as e:
+            raise ValueError(f"data.val_sets.{name}: {e}") from None
+    return records

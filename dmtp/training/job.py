@@ -21,14 +21,17 @@ from dmtp.drafters.registry import method_name
 from dmtp.drafters.factory import mask_token_id_of
 from dmtp.drafters.fit import require_target_fit
 from dmtp.models.model_card import set_card_section
+from dmtp.run_records import created_by_this_command, write_hydra_record
 from dmtp.families.mtp_loading import MTPLoadError, load_native_mtp
 from dmtp.models.target import load_tokenizer
 from dmtp.training.guards import FiniteGuard
 from dmtp.training.progress import ProgressLines, step_progress_bar, stdout_is_terminal
 from dmtp.training.checkpoint_io import checkpoint_io_for
+from dmtp.training.data_options import checked_before_loading
+from dmtp.training.first_step import UntilFirstStep, paths_under
 from dmtp.training.fsdp import full_state, gathered
 from dmtp.training.resume import check_checkpoint_fits, checkpoint_shapes, claim_run_dir, read_checkpoint, resume_plan
-from dmtp.training.run_config import RecordRunConfig, recorded_config, resumed_config
+from dmtp.training.run_config import RecordRunConfig, resume_line, run_recipe, resumed_config
 from dmtp.training.rng_state import ResumableRNG
 from dmtp.reports.evaluation import evaluation_table
 from dmtp.reports.walk import walk_table
@@ -138,40 +141,68 @@ def _walk_table_now(cfg: DictConfig, module, trainer) -> str | None:
 ALWAYS_ON_CALLBACKS = (FiniteGuard, ResumableRNG)
 
 
-def _continued(cfg: DictConfig, ckpt_path, resumed_dir, overrides):
+def _continued(cfg: DictConfig, ckpt_path, resumed_dir, overrides, recorded, saved):
     """-> (the config to run, the checkpoint's tensor shapes or None), read before anything is built.
     `resume=` runs the run's own config (dmtp.training.run_config); `ckpt_path=` the one given."""
     if ckpt_path is None:
         return cfg, None
-    saved = read_checkpoint(ckpt_path)
     if cfg.get("resume"):
-        cfg = resumed_config(cfg, recorded_config(resumed_dir, saved), resumed_dir, overrides)
+        cfg = resumed_config(cfg, recorded, resumed_dir, overrides)
     return cfg, checkpoint_shapes(saved)
 
 
-def train(cfg: DictConfig, callbacks=(), overrides: list[str] | None = None) -> dict:
+def train(cfg: DictConfig, callbacks=(), overrides: list[str] | None = None, record: dict | None = None) -> dict:
     """Run one training job; `callbacks` are extra Lightning callbacks (notebooks, tests). `overrides`: the
-    options given on the command line, which `resume=` checks (dmtp.training.run_config); None: all of `cfg`."""
+    options given on the command line, which `resume=` checks (dmtp.training.run_config); None: all of `cfg`.
+    `record`: Hydra's record of the command (dmtp.run_records.hydra_record), written once the run holds its
+    directory. A run that stops before its first step leaves its directory as it found it
+    (dmtp.training.first_step)."""
+    given = OmegaConf.select(cfg, "paths.output_dir", throw_on_resolution_failure=False)   # None: set by resume=
+    given_dir = Path(given) if given else None
+    start = UntilFirstStep(given_dir, made=given_dir is not None and (created_by_this_command(given_dir)
+                                                                      or not given_dir.exists()))
+    try:
+        return _train(cfg, callbacks, overrides, record, start)
+    except BaseException:
+        if rank_zero_only.rank == 0:
+            start.undo()
+        raise
+
+
+def _train(cfg: DictConfig, callbacks, overrides, record, start: UntilFirstStep) -> dict:
     ckpt_path, resumed_dir = resume_plan(cfg.get("resume"), cfg.ckpt_path)
-    cfg, saved_shapes = _continued(cfg, ckpt_path, resumed_dir, overrides)
+    by_resume = bool(cfg.get("resume"))
+    saved = read_checkpoint(ckpt_path) if ckpt_path is not None else None
+    recorded = run_recipe(resumed_dir, saved, required=by_resume) if saved is not None else None
+    cfg, saved_shapes = _continued(cfg, ckpt_path, resumed_dir, overrides, recorded, saved)
     if resumed_dir is not None:   # continue in the run's own directory (Hydra already points there)
         with open_dict(cfg):
             cfg.paths.output_dir = str(resumed_dir)
     output_dir = Path(cfg.paths.output_dir)
+    if output_dir != start.run_dir:
+        start.run_dir, start.made = output_dir, False
     dtype = export_dtype(cfg)   # bad options answer before anything is built
     check_decode_eval_fits(cfg)
     trainer_uses_cuda(cfg.trainer)
+    checked_before_loading(cfg.data)
     if rank_zero_only.rank == 0:
+        before = paths_under(output_dir)
         claim_run_dir(output_dir, resuming=resumed_dir is not None)
+        start.held(before)
+        if record:
+            write_hydra_record(output_dir, record, resumed=resumed_dir is not None)
+        if ckpt_path is not None:
+            print(resume_line(ckpt_path, saved.get("global_step"), recorded, cfg, by_resume))
     L.seed_everything(cfg.seed, workers=True)
     target, tokenizer, data, module = build_components(cfg)
     if saved_shapes is not None:
         check_checkpoint_fits(ckpt_path, saved_shapes, module)
-    configured, bar = _callbacks(cfg, module, callbacks)
+    configured, bar = _callbacks(cfg, module, [*callbacks, start.first_step])
     trainer = instantiate(cfg.trainer, callbacks=configured, logger=_instantiate_dict(cfg.get("logger")) or False,
                           plugins=[checkpoint_io_for(cfg.get("checkpoint_writes") or "auto", trainer_uses_cuda(cfg.trainer))],
                           **bar)
     trainer.fit(module, datamodule=data, ckpt_path=ckpt_path, weights_only=True)
+    start.finished()
     return _export_and_report(cfg, trainer, module, target, tokenizer, output_dir, dtype)
 
 

@@ -162,6 +162,28 @@ def _read_shard(path: Path, rows: int, new_tokens: int, vocab_size: int) -> list
     return [row[:n].tolist() for row, n in zip(tokens, lengths.tolist())]
 
 
+def _process_group() -> str:
+    """The distributed run this process is a rank of (its rendezvous address, shared by its ranks and by no
+    other run at the same time), or "" outside one."""
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    dist = torch.distributed
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else \
+        int(os.environ.get("WORLD_SIZE") or 1)
+    return f"{addr}:{port}" if addr and port and world > 1 else ""
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock, as its holder wrote it: "this run's rank (pid N)" (the same distributed run) or
+    "another run (pid N)". The holder writes it right after taking the lock and clears it on release."""
+    for _ in range(20):   # the instant between the holder's lock and its write
+        holder = os.pread(fd, 200, 0).decode(errors="replace").split()   # "<pid> <its process group>"
+        if holder:
+            break
+        time.sleep(0.05)
+    pid = f" (pid {holder[0]})" if holder else ""
+    return f"this run's rank{pid}" if len(holder) == 2 and holder[1] == _process_group() else f"another run{pid}"
+
+
 @contextmanager
 def _cache_lock(out_dir: Path):
     """One run at a time writes (and verifies) a cache directory; the others wait, then read it."""
@@ -170,9 +192,14 @@ def _cache_lock(out_dir: Path):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"[dmtp] waiting for another run that is writing the training data in {out_dir}")
+            print(f"[dmtp] waiting for {_holder(fd)} that is writing the training data in {out_dir}")
             fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        os.ftruncate(fd, 0)   # what a killed holder left
+        os.pwrite(fd, f"{os.getpid()} {_process_group() or '-'}".encode(), 0)   # who holds it, for a waiter
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
     finally:
         os.close(fd)   # releases the lock (so does the process ending, however it ends)
 

@@ -70,7 +70,7 @@ def claim_run_dir(run_dir: str | Path, resuming: bool) -> None:
     if (run_dir / "drafter").exists() or any(run_dir.glob(f"{CHECKPOINTS}/*.ckpt")):
         raise ValueError(taken.format("its checkpoints or drafter"))
     try:
-        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))   # atomic: exactly one run wins
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))   # atomic: exactly one run wins
     except FileExistsError:
         raise ValueError(taken.format(RUN_MARKER)) from None
 

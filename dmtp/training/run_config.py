@@ -61,6 +61,19 @@ def recorded_config(run_dir: Path, checkpoint: dict) -> DictConfig:
                      "started with")
 
 
+def run_recipe(run_dir: Path | None, checkpoint: dict, required: bool) -> DictConfig | None:
+    """`recorded_config`, or None when the run records none and none is `required` (a `ckpt_path=` run runs the
+    config given: the run's record is only compared with it, `resume_line`)."""
+    if run_dir is None and not isinstance(checkpoint.get(RECORD_KEY), str):
+        return None   # a checkpoint outside a run directory, from before the record
+    try:
+        return recorded_config(run_dir or Path("."), checkpoint)
+    except ValueError:
+        if required:
+            raise
+        return None
+
+
 def _with_moved_targets(cfg: DictConfig) -> DictConfig:
     tree = OmegaConf.to_container(cfg, resolve=False)
 
@@ -156,4 +169,37 @@ def resumed_config(cfg: DictConfig, saved: DictConfig, run_dir: Path, overrides:
     return out
 
 
-__all__ = ["RECORD_KEY", "RESUME_MAY_CHANGE", "RecordRunConfig", "recorded_config", "resumed_config"]
+# Keys that always differ between a run's record and its continuation and say nothing of its recipe.
+NOT_RECIPE = ("paths", "hydra", "resume", "ckpt_path")
+SHOWN_DIFFERENCES = 8
+
+
+def recipe_differences(recorded: DictConfig, running: DictConfig) -> list[str]:
+    """`key before -> now` for every option whose value the running config changes from the run's record
+    (`(unset)` where one side has no such key)."""
+    before = _leaves(OmegaConf.to_container(recorded, resolve=False))
+    now = _leaves(OmegaConf.to_container(running, resolve=False))
+    unset = "(unset)"
+    return [f"{key} {_short(before[key]) if key in before else unset} -> {_short(now[key]) if key in now else unset}"
+            for key in sorted(set(before) | set(now))
+            if before.get(key, _ABSENT) != now.get(key, _ABSENT)
+            and not any(key == n or key.startswith(n + ".") for n in NOT_RECIPE)]
+
+
+def resume_line(ckpt: Path, step, recorded: DictConfig | None, running: DictConfig, by_resume: bool) -> str:
+    """The one line a continued run prints before its first step: the checkpoint, its step, and how the config
+    it runs with differs from the one the run recorded."""
+    diffs = recipe_differences(recorded, running) if recorded is not None else []
+    shown = ", ".join(diffs[:SHOWN_DIFFERENCES]) + (f" and {len(diffs) - SHOWN_DIFFERENCES} more"
+                                                     if len(diffs) > SHOWN_DIFFERENCES else "")
+    head = f"[dmtp] resume: continuing from {ckpt} (step {step})"
+    if by_resume:
+        return f"{head} with the run's recorded config" + (f"; changed now: {shown}" if diffs else "")
+    if recorded is None:
+        return f"{head} with the config given (ckpt_path=); the checkpoint records no config to compare it with"
+    return f"{head} with the config given (ckpt_path=)" + (f", which differs from the run's recorded config: {shown}"
+                                                           if diffs else ", the same as the run's recorded config")
+
+
+__all__ = ["RECORD_KEY", "RESUME_MAY_CHANGE", "RecordRunConfig", "recorded_config", "resumed_config", "run_recipe",
+           "recipe_differences", "resume_line"]

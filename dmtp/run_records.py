@@ -1,0 +1,104 @@
+"""What `dmtp.train` writes into its run directory, and when: nothing before the run holds the directory.
+
+Hydra writes its record of a run (`.hydra/config.yaml`, `hydra.yaml`, `overrides.yaml`) and opens its log file
+before the job checks anything, so a command refused because the directory already held another run replaced
+that run's records (issue 43). conf/hydra/default.yaml therefore has Hydra write neither (`output_subdir: null`;
+the log file is opened on its first record, conf/hydra/job_logging/dmtp.yaml); the run writes the same record
+itself (`write_hydra_record`) once it has claimed the directory (dmtp.training.resume.claim_run_dir): under
+`.hydra/` for a new run, `.hydra/resumed-<id>/` for a resumed one (its first record is kept).
+
+`NoteNewRunDirs`, a Hydra callback, notes whether the run (or sweep) directory existed before Hydra created it:
+a run that stops before its first step removes a directory its own command made (`created_by_this_command`)
+and leaves one that was there before as it found it (dmtp.training.first_step).
+
+No torch: the command imports this before anything heavy.
+"""
+from __future__ import annotations
+
+import secrets
+from contextlib import contextmanager
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+from omegaconf import OmegaConf
+
+from dmtp.atomic_io import write_text
+
+_MADE: set[Path] = set()   # directories this process's Hydra command was about to create
+
+
+def _note(config, key: str) -> None:
+    """Notes the highest directory above (or at) `key`'s path that does not exist yet: Hydra makes them all."""
+    try:
+        path = Path(str(OmegaConf.select(config, key))).expanduser().absolute()
+    except Exception:   # noqa: BLE001 - an interpolation only the job can resolve: nothing noted, nothing removed
+        return
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    if missing:
+        _MADE.add(missing[-1])
+
+
+class NoteNewRunDirs(Callback):
+    """Hydra callback (conf/hydra/default.yaml): notes the run / sweep directory Hydra is about to create."""
+
+    def on_run_start(self, config, **kwargs) -> None:
+        _note(config, "hydra.run.dir")
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        _note(config, "hydra.sweep.dir")
+
+
+def created_by_this_command(path: str | Path) -> bool:
+    """Whether `path` (or a directory above it) did not exist before this process's Hydra command started."""
+    path = Path(path).expanduser().absolute()
+    return any(made == path or made in path.parents for made in _MADE)
+
+
+def remove_if_made(path: str | Path) -> None:
+    """Remove `path` if this command made it and it is empty, and the empty directories above it it made too."""
+    path = Path(path).expanduser().absolute()
+    tops = [made for made in _MADE if made == path or made in path.parents]
+    for folder in (path, *path.parents):
+        if not tops or not any(folder == top or top in folder.parents for top in tops):
+            return
+        try:
+            folder.rmdir()
+        except FileNotFoundError:   # already removed (dmtp.training.first_step)
+            continue
+        except OSError:   # not empty: the run wrote there, or another one did
+            return
+
+
+@contextmanager
+def unused_dir_removed(path: str | Path):
+    """A failure inside (bad input found before the job starts, e.g. `threads=`) removes `path` if this command
+    made it and it is still empty (`remove_if_made`)."""
+    try:
+        yield
+    except BaseException:
+        remove_if_made(path)
+        raise
+
+
+def hydra_record(task_cfg) -> dict[str, str]:
+    """The files Hydra would have written for this job (its config, Hydra's own, the command-line overrides),
+    as text; called in the job, written by `write_hydra_record` once the run holds its directory."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return {"config.yaml": OmegaConf.to_yaml(task_cfg),
+            "hydra.yaml": OmegaConf.to_yaml(HydraConfig.instance().cfg),
+            "overrides.yaml": OmegaConf.to_yaml(HydraConfig.get().overrides.task)}
+
+
+def write_hydra_record(run_dir: str | Path, record: dict[str, str], resumed: bool) -> Path:
+    """`record` under `<run_dir>/.hydra` (a new run) or `<run_dir>/.hydra/resumed-<id>` (a resumed one)."""
+    folder = Path(run_dir) / ".hydra"
+    if resumed:
+        folder = folder / f"resumed-{secrets.token_hex(3)}"
+    for name, text in record.items():
+        write_text(folder / name, text)
+    return folder
+
+
+__all__ = ["NoteNewRunDirs", "created_by_this_command", "remove_if_made", "unused_dir_removed", "hydra_record",
+           "write_hydra_record"]
