@@ -47,20 +47,22 @@ def test_a_threshold_that_verifies_no_candidate_says_so_and_the_table_shows_what
     code, line, out = infer_cli([*args, "confidence_threshold=0.5"], tmp_path / "run", monkeypatch, capsys)
     assert code == 0, line
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    mine = metrics["overall"]["raw_dflash"]
+    mine = metrics["overall"]["raw_dflash+dspark"]
     assert (mine["tau_per_request"], mine["verified_per_round"]) == (1.0, 0.0)
     said = [s for s in out.splitlines() if "verified no candidate" in s]
-    assert said == [f"[dmtp] confidence_threshold=0.5 verified no candidate of raw_dflash in any of its "
+    assert said == [f"[dmtp] confidence_threshold=0.5 verified no candidate of raw_dflash+dspark in any of its "
                     f"{mine['rounds']} rounds (its predicted survival never reached 0.5): its tau 1 and T1 0 are the "
                     "threshold's, not the drafter's; lower it (0 = off) or train the confidence head"]
     table = (tmp_path / "run" / "table.txt").read_text()
     assert said[0] in table.splitlines()
-    header = table.splitlines()[1].split()
+    lines = table.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("workload"))
+    header = lines[at].replace("95% CI", "95%_CI").split()
     verified = header.index("verified")
-    rows = {(r.split()[0], r.split()[1]): r.split() for r in table.splitlines()[3:9] if len(r.split()) > 5}
-    assert rows[("code", "raw_dflash")][verified] == rows[("all", "raw_dflash")][verified] == "0.000"
+    rows = {(r.split()[0], r.split()[1]): r.replace(", ", ",").split() for r in lines[at + 2:at + 8] if len(r.split()) > 5}
+    assert rows[("code", "raw_dflash+dspark")][verified] == rows[("all", "raw_dflash+dspark")][verified] == "0.000"
     assert rows[("all", "ar")][verified] == "0.000"
     # Off: every candidate verified, in every row, and nothing said.
     code, _, out = infer_cli(args, tmp_path / "run_off", monkeypatch, capsys)
-    off = json.loads((tmp_path / "run_off" / "metrics.json").read_text())["overall"]["raw_dflash"]
+    off = json.loads((tmp_path / "run_off" / "metrics.json").read_text())["overall"]["raw_dflash+dspark"]
     assert code == 0 and off["verified_per_round"] == 7.0 and "verified no candidate" not in out
