@@ -312,7 +312,9 @@ def build_block_drafter(target, injection, mask_token_id: int, target_layer_ids:
     block_size = require_block_size(backbone_options.get("block_size", DFlashConfig.block_size), "drafter.block_size")
     inj = _make(injection, target.config.hidden_size, len(layer_ids), mask_token_id, block_size)
     backbone = build_drafter(target, inj.context_dim, mask_token_id, target_layer_ids=layer_ids, **backbone_options)
-    return BlockDrafter(backbone, inj, mtp_correction_rank=mtp_correction_rank)
+    # The correction corrects the MTP's proposals: an injection that proposes none (raw DFlash) has nothing to
+    # correct, so the configured rank applies to the variants that use the MTP (conf/drafter: "when it proposes").
+    return BlockDrafter(backbone, inj, mtp_correction_rank=mtp_correction_rank if inj.uses_mtp else 0)
 
 
 def fresh_drafter_for(target, name: str, mask_token_id: int, seed: int = 0, num_layers: int = 1,

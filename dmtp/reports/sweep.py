@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from dmtp.injection import CATALOGUE
+from dmtp.reports.decoding import is_baseline
 from dmtp.reports.intervals import bootstrap_interval, format_interval, separated
 
 BASELINE, SINGLE_ANCHOR = "raw_dflash", "token_only"
@@ -152,9 +153,6 @@ def detail_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n" if lines else ""
 
 
-BASELINES = ("ar", "mtp415")
-
-
 def protocol_samples(rows: list[dict]) -> dict:
     """{mode: {workload: {method: {seed: stats}}}} from the jobs' "eval" records: each job's drafter under its
     method's name, the baselines (AR, MTP415) under their own, once per seed (every job of a seed decoded the same
@@ -186,7 +184,7 @@ def _p_len(per_seed: dict, k: int):
 
 def _order(method: str) -> tuple:
     base = method.split(" [")[0]
-    return (0 if method == "ar" else 1 if method in BASELINES else 2, list(INTERFACES).index(base)
+    return (0 if method == "ar" else 1 if is_baseline(method) else 2, list(INTERFACES).index(base)
             if base in INTERFACES else 99, method)
 
 
@@ -219,10 +217,10 @@ def protocol_tables(rows: list[dict]) -> str:
 
 
 def verdicts(cis: dict) -> list[str]:
-    """Each drafter against the strongest baseline (MTP415, else AR) and the best other drafter: "beats" where the
+    """Each drafter against the strongest baseline (an MTP chain, else AR) and the best other drafter: "beats" where the
     95% intervals do not overlap, "within noise" where they do."""
-    drafters = [m for m in cis if m not in BASELINES]
-    baselines = [m for m in cis if m in BASELINES and cis[m][0] is not None]
+    drafters = [m for m in cis if not is_baseline(m)]
+    baselines = [m for m in cis if is_baseline(m) and cis[m][0] is not None]
     out = []
     for m in drafters:
         tau, ci = cis[m]
