@@ -141,3 +141,26 @@ def test_a_multi_step_drafter_trains_its_correction_on_the_chains_later_steps_to
     module.block_loss(ids, mask, generator=torch.Generator().manual_seed(0))
     assert not torch.isclose(chain_part, 2 * module.last_correction_loss)
     assert not torch.isclose(chain_part, module.last_correction_loss)
+
+
+def test_a_drafter_whose_mtp_fills_the_block_decodes_as_its_corrected_chain(micro_target, micro_mtp):
+    """m = K (the sampled production method's default): every candidate is the MTP's, so decoding runs the corrected
+    MTP chain alone, with the tokens and per-round acceptance of the drafter's own round (greedy), and stays lossless
+    sampled; an adaptive m keeps the drafter."""
+    from dmtp.decode.proposers import DrafterProposer, MTPChainProposer
+
+    drafter = _perturbed(fresh_drafter_for(micro_target, "multi_mtp_zero_init", 1, perturb=0.05,
+                                           mtp_correction_rank=4, max_mtp_tokens=7), 1.0)
+    assert drafter.injection.mtp_fills_block
+    fast = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter)
+    assert isinstance(fast, MTPChainProposer) and isinstance(fast.mtp_state.mtp, ProposingMTP)
+    full = DrafterProposer(drafter, micro_target.embed_tokens.weight, micro_target.lm_head.weight, mtp=micro_mtp)
+    a = SpecDecoder(micro_target, fast, eos_token_id=[]).generate(PROMPTS, max_new_tokens=20, batch_size=2)
+    b = SpecDecoder(micro_target, full, eos_token_id=[]).generate(PROMPTS, max_new_tokens=20, batch_size=2)
+    ar = SpecDecoder(micro_target, build_proposer("ar", micro_target), eos_token_id=[]).generate(PROMPTS, 20)
+    assert a.tokens == b.tokens == ar.tokens and a.accepted == b.accepted
+    adaptive = fresh_drafter_for(micro_target, "multi_mtp_zero_init", 1, max_mtp_tokens=7, mtp_threshold=0.5)
+    assert not adaptive.injection.mtp_fills_block
+    assert isinstance(build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=adaptive), DrafterProposer)
+    one = fresh_drafter_for(micro_target, "dual_anchor_zero_init", 1)
+    assert not one.injection.mtp_fills_block

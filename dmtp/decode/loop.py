@@ -566,6 +566,10 @@ def build_proposer(method: str, target, mtp=None, drafter=None, mtp_steps: int =
     if method == "drafter":
         if drafter is None:
             raise ValueError("method 'drafter' needs a drafter")
+        if drafter.injection.mtp_fills_block and mtp is not None:
+            # Every candidate is the MTP's (e.g. the sampled production method, m = K): the same candidates as the
+            # drafter's round without its forward, from the MTP the drafter proposes with (its correction).
+            return MTPChainProposer(drafter.proposing_mtp(mtp), drafter.num_candidates, name=name or "drafter")
         return DrafterProposer(drafter, target.embed_tokens.weight, target.lm_head.weight, mtp=mtp,
                                name=name or "drafter")
     raise ValueError(f"unknown method {method!r}: ar | mtp415 | mtp | mtp:<k> | drafter")

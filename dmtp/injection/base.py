@@ -107,6 +107,13 @@ class Injection(nn.Module):
         """Chained MTP steps per decoding round (S <= M): the proposals T1..TS every round computes."""
         return self.max_mtp_tokens
 
+    @property
+    def mtp_fills_block(self) -> bool:
+        """Whether every candidate of every decoding round is the MTP's (its chain covers the block and m is always
+        all of it): the drafter's forward then proposes nothing that is verified, and decoding runs the MTP's chain
+        alone (`dmtp.decode.loop.build_proposer`). Fixed here: m = S, so whenever S = K."""
+        return self.uses_mtp and self.mtp_steps == self.num_candidates
+
     def sample_num_mtp(self, shape, draws=None, device=None) -> torch.Tensor:
         """Training: m for each block [*shape] (long), from `draws` (dmtp.training.draws: `integers`). Fixed
         here: every block holds M tokens."""

@@ -61,6 +61,10 @@ class MultiMTPZeroInit(Injection):
     def mtp_steps(self) -> int:
         return self._steps
 
+    @property
+    def mtp_fills_block(self) -> bool:
+        return super().mtp_fills_block and self.mtp_threshold is None   # adaptive m hands slots to the drafter
+
     def sample_num_mtp(self, shape, draws=None, device=None):
         if draws is None:
             return torch.randint(1, self._max + 1, tuple(shape), device=device)
