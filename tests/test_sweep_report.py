@@ -78,3 +78,18 @@ def test_a_loss_or_markov_head_override_is_another_method_not_another_seed(tmp_p
     table = markdown_table(collect(tmp_path))
     assert "| raw_dflash [loss=tv] | [A, MASK x7] | 1.500 |" in table
     assert "| raw_dflash+dspark [markov_head_type=rnn] | DSpark [A, MASK x7] | 3.000 |" in table
+
+
+def test_a_recipe_set_by_an_experiment_config_names_its_row(tmp_path):
+    """A study row's recipe comes from its experiment config, not its overrides: the job's composed config
+    (.hydra/config.yaml) names it, so the two DSpark recipes are two rows, not two seeds of one."""
+    for i, (loss, source, temp) in enumerate([("ce", "target", 0.0), ("dspark", "target_kl", 1.0)]):
+        job = tmp_path / str(i)
+        (job / ".hydra").mkdir(parents=True)
+        (job / ".hydra" / "overrides.yaml").write_text("- experiment=study_x\n- seed=0\n")
+        (job / ".hydra" / "config.yaml").write_text(
+            f"model:\n  loss: {loss}\n  label_source: {source}\n  label_temperature: 1.0\n"
+            f"drafter:\n  markov_head_type: vanilla\ndata:\n  regen_temperature: {temp}\n")
+        (job / "metrics.json").write_text(json.dumps({"method": "raw_dflash+dspark", "code": {"tau": 2.0}}))
+    assert [r["method"] for r in collect(tmp_path)] == [
+        "raw_dflash+dspark", "raw_dflash+dspark [loss=dspark, label_source=target_kl, regen_temperature=1.0]"]

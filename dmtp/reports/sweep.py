@@ -35,10 +35,38 @@ INTERFACES = {
 }
 
 
-# Overrides that make another method of the same variant and drafter (not another seed of it): the row's
-# method gets "[loss=tv]", "[markov_head_type=rnn]" when a job's overrides set them to other than their default.
+# Options that make another method of the same variant and drafter (not another seed of it): the row's method gets
+# "[loss=tv]", "[markov_head_type=rnn]", "[loss=dspark, label_source=target_kl, regen_temperature=1.0]" when a job ran
+# them at other than their default. Read from the job's composed config (.hydra/config.yaml), else its overrides.
 METHOD_OPTIONS = {"model.loss": "ce", "drafter.markov_head_type": "vanilla", "model.label_source": "target",
-                  "model.label_temperature": "1.0", "data.regen_temperature": "0.0"}
+                  "model.label_temperature": 1.0, "data.regen_temperature": 0.0}
+
+
+def _job_options(job: Path) -> dict:
+    """METHOD_OPTIONS' values of a job: its composed config where it has one, else what its overrides set."""
+    config = job / ".hydra" / "config.yaml"
+    if config.exists():
+        cfg = yaml.safe_load(config.read_text()) or {}
+        out = {}
+        for key in METHOD_OPTIONS:
+            node = cfg
+            for part in key.split("."):
+                node = node.get(part) if isinstance(node, dict) else None
+            if node is not None:
+                out[key] = node
+        return out
+    overrides = job / ".hydra" / "overrides.yaml"
+    items = yaml.safe_load(overrides.read_text()) or [] if overrides.exists() else []
+    return {k: v for k, _, v in (i.lstrip("+~").partition("=") for i in items) if k in METHOD_OPTIONS}
+
+
+def _differs(value, default) -> bool:
+    if isinstance(default, float):
+        try:
+            return float(value) != default
+        except (TypeError, ValueError):
+            return True
+    return str(value) != str(default)
 
 
 def _interface(method: str) -> str:
@@ -72,9 +100,10 @@ def collect(sweep_dir: str | Path) -> list[dict]:
         if evaluation is not None:
             row[EVAL_KEY] = evaluation     # nested, for the protocol tables; not a CSV column
         row.setdefault("method", row.get("injection", "?"))
-        for key, default in METHOD_OPTIONS.items():
-            if row.get(key, default) != default:
-                row["method"] += f" [{key.split('.')[-1]}={row[key]}]"
+        changed = [f"{key.split('.')[-1]}={value}" for key, value in _job_options(job).items()
+                   if _differs(value, METHOD_OPTIONS[key])]
+        if changed:
+            row["method"] += f" [{', '.join(changed)}]"
         rows.append(row)
     return rows
 
