@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from dmtp.configs import compose_train
 from dmtp.decode import SpecDecoder, build_proposer
 from dmtp.decode.reference import reference_generate, reference_proposal
-from dmtp.drafters.block_drafter import CORRECTION_PREFIX, fresh_drafter_for, load_block_drafter
+from dmtp.drafters.block_drafter import CORRECTION_PREFIX, BlockDrafter, fresh_drafter_for, load_block_drafter
 from dmtp.models.mtp_correction import MTPCorrection, ProposingMTP
 from dmtp.training.job import train
 from dmtp.training.validation import candidate_matches
@@ -48,8 +48,12 @@ def test_zero_init_is_the_native_mtp(micro_target, micro_mtp):
 
 
 def test_rank_refused_without_an_mtp_token_and_out_of_range(micro_target):
+    # The configured rank applies to the variants whose MTP proposes (conf/drafter's default is 128 for all):
+    # raw DFlash builds without one; a BlockDrafter asked for one by hand is refused.
+    raw = fresh_drafter_for(micro_target, "raw_dflash", 1, mtp_correction_rank=4)
+    assert raw.mtp_correction_rank == 0
     with pytest.raises(ValueError, match="injection raw_dflash proposes no MTP token"):
-        fresh_drafter_for(micro_target, "raw_dflash", 1, mtp_correction_rank=4)
+        BlockDrafter(raw.backbone, raw.injection, mtp_correction_rank=4)
     for bad in (-1, 2.5, True):
         with pytest.raises(ValueError, match="mtp_correction_rank must be an integer >= 0"):
             fresh_drafter_for(micro_target, "dual_anchor_zero_init", 1, mtp_correction_rank=bad)
@@ -164,3 +168,40 @@ def test_a_drafter_whose_mtp_fills_the_block_decodes_as_its_corrected_chain(micr
     assert isinstance(build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=adaptive), DrafterProposer)
     one = fresh_drafter_for(micro_target, "dual_anchor_zero_init", 1)
     assert not one.injection.mtp_fills_block
+
+
+def test_a_correction_trained_on_greedy_tokens_stays_out_of_sampled_decoding(tmp_path, micro_target, micro_mtp):
+    """Hard labels and CE make the correction sharpen the MTP toward the target's argmax: greedy decoding proposes
+    through it, sampled decoding with the native MTP (its overlap with the target's distribution is the native's),
+    and the flag travels with the export; a KL-trained correction serves both modes."""
+    from dmtp.decode import SamplingConfig
+    from dmtp.inference.drafters import greedy_correction_note
+
+    drafter = _perturbed(fresh_drafter_for(micro_target, "dual_anchor_zero_init", 1, mtp_correction_rank=4), 1.0)
+    drafter.mtp_correction.greedy_only = True
+    assert isinstance(drafter.proposing_mtp(micro_mtp), ProposingMTP)
+    assert drafter.proposing_mtp(micro_mtp, greedy=False) is micro_mtp
+    proposer = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter)
+    decoder = SpecDecoder(micro_target, proposer, eos_token_id=[])
+    decoder.generate(PROMPTS, max_new_tokens=8, sampling=SamplingConfig(temperature=1.0, verification="rejection"))
+    assert proposer.mtp_state.mtp is micro_mtp
+    decoder.generate(PROMPTS, max_new_tokens=8)
+    assert isinstance(proposer.mtp_state.mtp, ProposingMTP)
+    assert "native MTP" in greedy_correction_note(drafter, "d")
+    drafter.save(tmp_path / "d")
+    loaded, meta = load_block_drafter(tmp_path / "d")
+    assert meta["mtp_correction_greedy_only"] is True and loaded.mtp_correction.greedy_only
+    drafter.mtp_correction.greedy_only = False
+    assert isinstance(drafter.proposing_mtp(micro_mtp, greedy=False), ProposingMTP)
+    assert greedy_correction_note(drafter, "d") is None
+
+
+@pytest.mark.parametrize("overrides,greedy_only", [([], True), (["model.label_source=target_kl"], False),
+                                                   (["model.loss=dspark"], False)])
+def test_training_marks_a_greedy_only_correction(overrides, greedy_only, micro_target, micro_mtp):
+    from hydra.utils import instantiate
+
+    cfg = compose_train(["drafter.mtp_correction_rank=4", *overrides])
+    drafter = fresh_drafter_for(micro_target, "dual_anchor_zero_init", 1, mtp_correction_rank=4)
+    instantiate(cfg.model)(target=micro_target, mtp=micro_mtp, drafter=drafter)
+    assert drafter.mtp_correction.greedy_only is greedy_only

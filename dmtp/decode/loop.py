@@ -209,6 +209,7 @@ class SpecDecoder:
         return n
 
     def _ensure_state(self, batch: int, need_len: int, max_new: int, sampling: SamplingConfig) -> DecodeState:
+        self.proposer.set_sampling(sampling)   # before any capture: graphs are keyed by the sampling mode
         st = self.st
         reuse = (st is not None and st.batch == batch and st.max_len >= need_len and st.max_new_cap >= max_new
                  and st.sampling.uses_draft_probs == sampling.uses_draft_probs)
@@ -569,7 +570,8 @@ def build_proposer(method: str, target, mtp=None, drafter=None, mtp_steps: int =
         if drafter.injection.mtp_fills_block and mtp is not None:
             # Every candidate is the MTP's (e.g. the sampled production method, m = K): the same candidates as the
             # drafter's round without its forward, from the MTP the drafter proposes with (its correction).
-            return MTPChainProposer(drafter.proposing_mtp(mtp), drafter.num_candidates, name=name or "drafter")
+            return MTPChainProposer(drafter.proposing_mtp(mtp), drafter.num_candidates, name=name or "drafter",
+                                    sampled_mtp=drafter.proposing_mtp(mtp, greedy=False))
         return DrafterProposer(drafter, target.embed_tokens.weight, target.lm_head.weight, mtp=mtp,
                                name=name or "drafter")
     raise ValueError(f"unknown method {method!r}: ar | mtp415 | mtp | mtp:<k> | drafter")

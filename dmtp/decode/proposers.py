@@ -178,6 +178,14 @@ class Proposer:
     mtp_state: MTPState | None = None
     # Whether its stages set `st.verify_limit` from a predicted acceptance (confidence-scheduled verification)
     predicts_confidence = False
+    # (greedy, sampled): the MTP it proposes with in each mode (a drafter's MTP correction trained on greedy tokens
+    # sharpens the MTP: sampling then proposes with the native one); None: `mtp_state.mtp` in both
+    mtp_by_mode: tuple | None = None
+
+    def set_sampling(self, sampling) -> None:
+        """Called by the loop before every generation: the MTP of the sampling mode (`mtp_by_mode`)."""
+        if self.mtp_state is not None and self.mtp_by_mode is not None:
+            self.mtp_state.mtp = self.mtp_by_mode[0 if sampling.greedy else 1]
 
     @property
     def needs_last_hidden(self) -> bool:
@@ -216,10 +224,12 @@ class MTPChainProposer(Proposer):
     """The native MTP proposes k tokens by chaining itself: step 1 reads its cached hidden (built from
     the target's states), later steps read its own post-norm hidden g of the previous step."""
 
-    def __init__(self, mtp: NativeMTP, steps: int = 4, name: str | None = None):
+    def __init__(self, mtp: NativeMTP, steps: int = 4, name: str | None = None, sampled_mtp=None):
         if steps < 1:
             raise ValueError("MTP chain needs at least one step")
         self.mtp_state = MTPState(mtp)
+        if sampled_mtp is not None:   # another MTP when sampling (`Proposer.mtp_by_mode`)
+            self.mtp_by_mode = (mtp, sampled_mtp)
         self.num_candidates = steps
         self.name = name or f"mtp{steps}"
 
@@ -250,6 +260,7 @@ class DrafterProposer(Proposer):
                 raise ValueError(f"the {drafter.variant} drafter needs the target's native MTP (none given)")
             # T1 (and the chain) from the MTP as this drafter proposes with it (its MTP correction, if any).
             self.mtp_state = MTPState(drafter.proposing_mtp(mtp), keep_features=injection.needs_mtp_context)
+            self.mtp_by_mode = (drafter.proposing_mtp(mtp), drafter.proposing_mtp(mtp, greedy=False))
         self.num_candidates = injection.num_candidates
         self.layer_ids = drafter.layer_ids
         self.predicts_confidence = drafter.has_confidence

@@ -133,11 +133,12 @@ class BlockDrafter(nn.Module):
         correction = getattr(self, "mtp_correction", None)
         return correction.rank if correction is not None else 0
 
-    def proposing_mtp(self, mtp):
+    def proposing_mtp(self, mtp, greedy: bool = True):
         """The MTP this drafter proposes T1 (and the chain) with: `mtp` itself, or, with an MTP correction,
-        `mtp` whose logits pass through it (dmtp.models.mtp_correction.ProposingMTP)."""
+        `mtp` whose logits pass through it (dmtp.models.mtp_correction.ProposingMTP); `greedy=False` (sampled
+        decoding): the native MTP when the correction was trained on greedy tokens only (`greedy_only`)."""
         correction = getattr(self, "mtp_correction", None)
-        if mtp is None or correction is None or isinstance(mtp, ProposingMTP):
+        if mtp is None or correction is None or isinstance(mtp, ProposingMTP) or (correction.greedy_only and not greedy):
             return mtp
         return ProposingMTP(mtp, correction)
 
@@ -277,6 +278,7 @@ class BlockDrafter(nn.Module):
         meta = {"injection": self.variant, "injection_kwargs": self.injection.variant_options}
         if self.mtp_correction_rank:
             meta["mtp_correction_rank"] = self.mtp_correction_rank
+            meta["mtp_correction_greedy_only"] = self.mtp_correction.greedy_only
         if extra_config.get("target") is not None:
             meta.update(target_provenance(extra_config["target"]))
         meta.update(extra_config)
@@ -384,6 +386,7 @@ def load_block_drafter(path: str | Path, dtype: torch.dtype = torch.float32, inj
                          corrections)
         drafter.mtp_correction.load_state_dict(corrections, strict=True)
         drafter.mtp_correction.to(dtype)
+        drafter.mtp_correction.greedy_only = meta.get("mtp_correction_greedy_only") is True
     elif corrections and name == saved_name:
         raise ValueError(f"{Path(path) / 'model.safetensors'}: unexpected tensor {CORRECTION_PREFIX}"
                          f"{next(iter(corrections))}, but {section} names no mtp_correction_rank")

@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 
 from dmtp.atomic_io import write_json, write_text
 from dmtp.data.evalsets import build_turn_prompts
-from dmtp.inference.drafters import (drafter_target_mismatch, find_latest_drafter, method_needs_mtp, no_drafter_for,
-                                     target_over_preset)
+from dmtp.inference.drafters import (drafter_target_mismatch, find_latest_drafter, greedy_correction_note,
+                                     method_needs_mtp, no_drafter_for, target_over_preset)
 from dmtp.inference.options import decode_options, named_methods
 from dmtp.inference.prompt_sets import embedded_prompts, eval_set_prompts, fit_prompts, prompt_limit
 from dmtp.engines.base import DecoderRequest
@@ -91,6 +91,9 @@ def load(cfg, named: set[str]) -> Loaded:
         drafter = load_drafter(target, drafter_dir, device, dtype, injection=cfg.drafter.get("injection"),
                                options=options, block_size=cfg.drafter.get("block_size"))
     mtp, drafter, methods = with_mtp(target, drafter, methods, named)
+    note = greedy_correction_note(drafter.model, drafter.label) if drafter and cfg.temperature > 0 else None
+    if note:
+        print(note)
     chosen_by = "target.path" if cfg.target.path else "drafter" if trained_on else "target.preset"
     return Loaded(target, device, dtype, drafter, mtp, methods, chosen_by)
 

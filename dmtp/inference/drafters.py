@@ -129,6 +129,16 @@ def mtp_for_drafter(target, target_path, drafter_dir, native_mtp):
                            tuned=tuned)
 
 
+def greedy_correction_note(drafter, label: str) -> str | None:
+    """One line when sampled decoding proposes with the native MTP instead of the drafter's MTP correction (one
+    trained on the target's greedy tokens: `MTPCorrection.greedy_only`); None otherwise."""
+    correction = getattr(drafter, "mtp_correction", None)
+    if correction is None or not correction.greedy_only:
+        return None
+    return (f"[dmtp] {label}: its MTP correction was trained on the target's greedy tokens, so sampled decoding "
+            "proposes T1 with the native MTP (for sampled serving train python -m dmtp.train experiment=sampled)")
+
+
 def method_needs_mtp(method: str, drafter=None) -> bool:
     if method.startswith("mtp"):
         return True

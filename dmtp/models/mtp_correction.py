@@ -38,6 +38,10 @@ class MTPCorrection(nn.Module):
     def __init__(self, hidden_size: int, rank: int):
         super().__init__()
         self.rank = require_correction_rank(rank)
+        # Trained on the target's greedy token (hard labels, CE): it sharpens the MTP toward the argmax, which greedy
+        # verification wants and sampling does not (the sampled overlap sum min(p, q) falls); decoding then proposes
+        # sampled tokens with the native MTP (`BlockDrafter.proposing_mtp`). Set by training, saved with the drafter.
+        self.greedy_only = False
         if rank < 1:
             raise ValueError("an MTP correction needs rank >= 1")
         self.norm = RMSNorm(hidden_size)

@@ -89,6 +89,7 @@ class DMTPDraftModelForVLLM(DFlashQwen3ForCausalLM):
         self.dmtp_mtp: NativeMTP | ProposingMTP | None = None
         rank = require_correction_rank(meta.get("mtp_correction_rank", 0))
         self.dmtp_mtp_correction = MTPCorrection(config.hidden_size, rank) if rank else None
+        self.dmtp_correction_greedy_only = meta.get("mtp_correction_greedy_only") is True
 
     # The target's embedding and head, looked up when called: vLLM replaces the drafter's own
     # embed_tokens / lm_head with the target's after loading (the export ships neither).
@@ -115,6 +116,7 @@ class DMTPDraftModelForVLLM(DFlashQwen3ForCausalLM):
                               device=p.device, tuned=tuned_mtp_path(self.drafter_dir)).eval()
         if self.dmtp_mtp_correction is not None:
             self.dmtp_mtp_correction.load_state_dict(correction, strict=True)
+            self.dmtp_mtp_correction.greedy_only = self.dmtp_correction_greedy_only
             self.dmtp_mtp_correction.to(device=p.device, dtype=p.dtype)
             mtp = ProposingMTP(mtp, self.dmtp_mtp_correction)
         self.dmtp_mtp = mtp

@@ -88,8 +88,12 @@ class DMTPProposer(DFlashProposer):
         return sampled.view(1).long()
 
     def _propose_t1(self, h_mtp, sampling_metadata) -> tuple[torch.Tensor, torch.Tensor | None]:
-        logits = self.model.dmtp_mtp.logits(h_mtp)
-        if self._enable_probabilistic_draft_probs and not sampling_metadata.all_greedy:
+        mtp = self.model.dmtp_mtp
+        sampled = self._enable_probabilistic_draft_probs and not sampling_metadata.all_greedy
+        if sampled and getattr(getattr(mtp, "correction", None), "greedy_only", False):
+            mtp = mtp.native   # a correction trained on greedy tokens serves greedy batches only, as in dmtp's loop
+        logits = mtp.logits(h_mtp)
+        if sampled:
             return self._sample_from_logits(logits, sampling_metadata)
         return logits.argmax(-1), None
 

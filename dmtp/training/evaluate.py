@@ -10,6 +10,7 @@ the bootstrap intervals, T1, P(L>=k), tok/s, speed-up vs AR) plus, for the first
 from __future__ import annotations
 
 from dmtp.decode import SamplingConfig
+from dmtp.inference.drafters import greedy_correction_note
 from dmtp.inference.prompt_sets import embedded_prompts
 from dmtp.inference.setup import LoadedTarget, build_decoder
 from dmtp.inference.workloads import add_comparisons, decode_workloads
@@ -81,6 +82,9 @@ def decode_after_training(target, mtp, drafter, tokenizer, domains=("code", "pro
     if not samplings:
         raise ValueError("decode_eval.modes is empty: name at least one mode, e.g. [{temperature: 0.0}]")
     drafter.eval()
+    note = greedy_correction_note(drafter, "decode_eval") if any(not s.greedy for s in samplings.values()) else None
+    if note:
+        print(note)
     workloads = embedded_prompts(tokenizer, list(domains), num_prompts, prompt_tokens)
     eos = LoadedTarget(target.path, target, tokenizer).eos_token_id
     needs_mtp = [m for m in methods if m.startswith("mtp")]

@@ -63,6 +63,8 @@ class DMTPModule(L.LightningModule):
         self.num_anchors, self.loss_gamma = objective.num_anchors, objective.loss_gamma
         self.label_source, self.t1_source = objective.label_source, objective.t1_source
         self.label_temperature = objective.label_temperature
+        if drafter.mtp_correction_rank:   # hard labels and CE alone: the correction serves greedy decoding only
+            drafter.mtp_correction.greedy_only = objective.label_source != "target_kl" and self.loss_mix == (1.0, 0.0)
         self.val_walk = walk.enabled
         k = drafter.num_candidates   # the chain is compared within the drafter's block
         steps = walk.mtp_chain_steps
