@@ -126,9 +126,19 @@ def _capture_rows(target, mtp, rows: list[dict], spec: FeatureSpec, bases: dict,
 def _write_shard(path: Path, tensors: dict[str, torch.Tensor], spec: FeatureSpec) -> None:
     rows = tensors["input_ids"].shape[0]
     hashes = [_row_sha256({k: v[i] for k, v in tensors.items()}) for i in range(rows)]
-    save_safetensors(path, tensors, metadata={"format": "pt", "row_sha256": json.dumps(hashes),
-                                              "sha256": hashlib.sha256("".join(hashes).encode()).hexdigest(),
-                                              "spec": json.dumps(spec.key(), sort_keys=True)})
+    # One metadata entry (safetensors writes its metadata map in no fixed order; a shard's bytes must not depend
+    # on the worker that wrote it).
+    record = {"row_sha256": hashes, "sha256": hashlib.sha256("".join(hashes).encode()).hexdigest(),
+              "spec": spec.key()}
+    save_safetensors(path, tensors, metadata={"dmtp": json.dumps(record, sort_keys=True)})
+
+
+def _record(meta: dict) -> dict:
+    try:
+        record = json.loads(meta.get("dmtp", ""))
+    except json.JSONDecodeError:
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def _bases(out_dir: Path, target, mtp, rows: list[dict], spec: FeatureSpec, batch_size: int) -> dict:
@@ -152,7 +162,7 @@ def _bases(out_dir: Path, target, mtp, rows: list[dict], spec: FeatureSpec, batc
             sample = torch.cat([r[name].flatten(0, 1) for r in raw])
             bases[name] = fit_basis(sample, spec.rank if name == "taps" else spec.mtp_rank)
         tensors = {f"{g}.{p}": v for g, b in bases.items() for p, v in b.items()}
-        save_safetensors(path, tensors, metadata={"format": "pt", "sha256": _row_sha256(tensors)})
+        save_safetensors(path, tensors, metadata={"sha256": _row_sha256(tensors)})
         return bases
 
 
@@ -264,12 +274,10 @@ def _open(path: Path, rows: int, spec: FeatureSpec):
         raise DamagedFeatures(f"holds {sorted(names)}, expected {sorted(_expected_names(spec))}")
     if count != rows:
         raise DamagedFeatures(f"{count} rows, expected {rows}")
-    if meta.get("spec") != json.dumps(spec.key(), sort_keys=True):
+    record = _record(meta)
+    if record.get("spec") != json.loads(json.dumps(spec.key())):
         raise DamagedFeatures("written for another feature spec")
-    try:
-        hashes = json.loads(meta.get("row_sha256", ""))
-    except json.JSONDecodeError:
-        hashes = None
+    hashes = record.get("row_sha256")
     if not isinstance(hashes, list) or len(hashes) != rows:
         raise DamagedFeatures("records no checksum per row")
     return handle, hashes
@@ -348,7 +356,7 @@ class FeatureCache:
         for group, name in (("taps", "taps"), ("mtp", "mtp_hidden"), ("last", "last_hidden")):
             parts = {k.split(".", 1)[1]: v for k, v in stored.items() if k.startswith(group + ".")}
             if parts:
-                out[name] = decode(parts, self.spec.codec, 0, self.bases.get(group), self.dtype)
+                out[name] = decode(parts, self.spec.codec, self.bases.get(group), self.dtype)
         for name in ("greedy", "topk_ids"):
             if name in stored:
                 out[name] = stored[name].long()
@@ -374,7 +382,7 @@ def verify_cache(target, rows: list[dict], spec: FeatureSpec, shard_rows: int, c
             missing.append(index)
             continue
         with safe_open(str(path), framework="pt") as f:
-            sha = (f.metadata() or {}).get("sha256")
+            sha = _record(f.metadata() or {}).get("sha256")
         records.append({"file": path.name, "sha256": sha, "rows": len(chunk), "bytes": size})
     if missing:
         raise ValueError(f"the feature cache {out_dir} lacks {workers_missing(missing, workers)}: run {CAPTURE_HINT} "

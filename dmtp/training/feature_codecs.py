@@ -49,8 +49,7 @@ def encode(x: torch.Tensor, codec: str, basis: dict | None = None) -> dict[str, 
     return _fp8((flat - basis["mean"]) @ basis["components"])
 
 
-def decode(parts: dict, codec: str, groups: int, basis: dict | None = None,
-           dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def decode(parts: dict, codec: str, basis: dict | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The stored parts of N tokens -> [N, G * H] in `dtype` (the layout the target's forward returns)."""
     if codec in _PLAIN:
         return parts["v"].reshape(parts["v"].shape[0], -1).to(dtype)

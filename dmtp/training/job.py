@@ -11,7 +11,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from dmtp.atomic_io import write_json
 from dmtp.drafters.block_drafter import BlockDrafter
@@ -139,6 +139,19 @@ _PRECISION_DTYPES = {"bf16-mixed": "bfloat16", "bf16-true": "bfloat16", "bf16": 
                      "16-mixed": "float16", "16-true": "float16", "16": "float16"}
 
 
+def process_rank(cfg: DictConfig) -> int:
+    """This process's global rank before the trainer exists: its launcher's (RANK from torchrun, SLURM_PROCID),
+    else NODE_RANK x devices per node + LOCAL_RANK: Lightning's own multi-node launch, the same command on every
+    node with NODE_RANK, MASTER_ADDR and MASTER_PORT set (Lightning's rank_zero_only reads no NODE_RANK, so
+    every node would take itself for rank 0 and claim the shared run directory)."""
+    env = os.environ
+    if "RANK" in env or "SLURM_PROCID" in env:
+        return rank_zero_only.rank
+    devices = cfg.trainer.get("devices", 1)
+    per_node = devices if isinstance(devices, int) else len(devices) if isinstance(devices, (list, ListConfig)) else 1
+    return int(env.get("NODE_RANK", 0)) * per_node + int(env.get("LOCAL_RANK", 0))
+
+
 def export_dtype(cfg: DictConfig) -> torch.dtype:
     """The exported drafter's precision: `export_dtype`, or by default the training precision's (bf16 for
     bf16-mixed, as published DFlash drafters are; fp32 for 32-true)."""
@@ -221,7 +234,7 @@ def train(cfg: DictConfig, callbacks=(), overrides: list[str] | None = None) -> 
     dtype = export_dtype(cfg)   # bad options answer before anything is built
     check_decode_eval_fits(cfg)
     trainer_uses_cuda(cfg.trainer)
-    if rank_zero_only.rank == 0:
+    if process_rank(cfg) == 0:
         claim_run_dir(output_dir, resuming=resumed_dir is not None)
     L.seed_everything(cfg.seed, workers=True)
     target, tokenizer, data, module = build_components(cfg)

@@ -132,8 +132,9 @@ def _write_shard(path: Path, outputs: list[list[int]], new_tokens: int) -> None:
     for i, out in enumerate(outputs):
         tokens[i, :len(out)] = torch.tensor(out, dtype=torch.int32)
     lengths = torch.tensor([len(o) for o in outputs], dtype=torch.int32)
-    save_safetensors(path, {"tokens": tokens, "lengths": lengths},
-                     metadata={"format": "pt", "sha256": _checksum(tokens, lengths)})
+    # One metadata entry: safetensors writes its metadata map in no fixed order, and a shard's bytes must not
+    # depend on the process that wrote it (W workers write what one worker writes).
+    save_safetensors(path, {"tokens": tokens, "lengths": lengths}, metadata={"sha256": _checksum(tokens, lengths)})
 
 
 class DamagedShard(ValueError):
