@@ -159,3 +159,15 @@ def test_a_worker_index_outside_the_workers_is_one_line():
         Share(2, 2)
     with pytest.raises(ValueError, match="workers must be an integer >= 1"):
         Share(0, 0)
+
+
+@pytest.mark.parametrize("args,says", [(["step=shuffle"], "step must be one of regen, capture, merge, got 'shuffle'"),
+                                       (["step=regen", "workers=2", "worker=2"], "worker must be an integer in 0..1"),
+                                       (["step=merge"], "the regeneration cache")])
+def test_prepare_refuses_bad_input_in_one_line(args, says, tmp_path, monkeypatch, capsys, micro_target_dir):
+    from cli_runner import run_command
+
+    monkeypatch.setenv("DMTP_HOME", str(tmp_path / "home"))
+    code, line, _ = run_command("dmtp.prepare", [*args, *OPTIONS, f"target.path={micro_target_dir}"], tmp_path / "run",
+                                monkeypatch, capsys)
+    assert code == 2 and line.startswith("dmtp.prepare: error: ") and says in line, line
