@@ -140,8 +140,8 @@ def data_module(tokenizer, target, seed: int = 0, **options) -> "DraftDataModule
 
 class DraftDataModule(L.LightningDataModule):
     def __init__(self, tokenizer, target, source: SourceOptions = SourceOptions(), regen: RegenOptions = RegenOptions(),
-                 val: ValidationOptions = ValidationOptions(), loader: LoaderOptions = LoaderOptions(), seed: int = 0,
-                 features: FeatureOptions = FeatureOptions()):
+                 val: ValidationOptions = ValidationOptions(), loader: LoaderOptions = LoaderOptions(),
+                 features: FeatureOptions = FeatureOptions(), seed: int = 0):
         super().__init__()
         self.tokenizer, self.target = tokenizer, target
         self.source, self.regen, self.val, self.loader, self.seed = source, regen, val, loader, seed
