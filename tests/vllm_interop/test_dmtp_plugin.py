@@ -18,7 +18,7 @@ pytest.importorskip("vllm", reason=SKIP_REASON)
 import torch  # noqa: E402
 
 from dmtp.decode import build_proposer  # noqa: E402
-from dmtp.families.decoding import spec_decoder
+from dmtp.families.decoding import spec_decoder  # noqa: E402
 from dmtp.drafters.block_drafter import fresh_drafter_for, load_block_drafter  # noqa: E402
 from dmtp.families.mtp_loading import load_native_mtp  # noqa: E402
 from dmtp.serving.vllm_engine import generate, generate_tokens, make_llm, sampling_params, shutdown, spec_decode_counts  # noqa: E402

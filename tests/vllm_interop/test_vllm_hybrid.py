@@ -27,7 +27,7 @@ if not torch.cuda.is_available():
                 "speculation kernel)", allow_module_level=True)
 
 from dmtp.decode import build_proposer  # noqa: E402
-from dmtp.families.decoding import spec_decoder
+from dmtp.families.decoding import spec_decoder  # noqa: E402
 from dmtp.drafters.block_drafter import fresh_drafter_for, load_block_drafter  # noqa: E402
 from dmtp.models.target import TargetModel  # noqa: E402
 from dmtp.serving.vllm_engine import generate, make_llm, sampling_params, shutdown, spec_decode_counts  # noqa: E402
