@@ -195,3 +195,9 @@ def test_bytes_per_token_at_real_shapes():
     assert deepspec_token_bytes(4096) == 49152 and bf16["taps"] == 40960 and bf16["total"] == 40960 + 8192 + 9
     low = FeatureSpec(tuple(range(5)), codec="lowrank", rank=2560, mtp_rank=512).token_bytes(4096)
     assert low["total"] == 2564 + 516 + 9 and low["total"] * 10 <= deepspec_token_bytes(4096)
+
+
+def test_the_lowrank_basis_is_fitted_on_rows_spread_over_the_cache():
+    """Rows come domain by domain: a basis fitted on the first rows saw one domain only (it cost the math rows' tau)."""
+    assert fc.fit_rows(10, 4) == [0, 3, 6, 9] and fc.fit_rows(5, 9) == [0, 1, 2, 3, 4]
+    assert fc.fit_rows(4800, 102)[-1] == 4799 and len(fc.fit_rows(4800, 102)) == 102

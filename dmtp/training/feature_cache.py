@@ -142,8 +142,10 @@ def _record(meta: dict) -> dict:
 
 
 def _bases(out_dir: Path, target, mtp, rows: list[dict], spec: FeatureSpec, batch_size: int) -> dict:
-    """The lowrank codec's basis of each group: read back, or fitted on the first rows and written (once: the
-    first worker fits it under its lock, the others wait and read it)."""
+    """The lowrank codec's basis of each group: read back, or fitted on ~FIT_TOKENS tokens of rows spread evenly
+    over the cache and written (once: the first worker fits it under its lock, the others wait and read it).
+    Spread, not the first rows: rows come domain by domain, and a basis fitted on code alone lost the math rows'
+    features (BENCHMARKS.md, "Data at scale")."""
     if spec.codec != "lowrank":
         return {}
     path = out_dir / "basis.safetensors"
@@ -151,9 +153,10 @@ def _bases(out_dir: Path, target, mtp, rows: list[dict], spec: FeatureSpec, batc
         if path.exists():
             return _read_basis(path)
         take = max(1, min(len(rows), FIT_TOKENS // max(1, len(rows[0]["input_ids"]))))
+        sample = [rows[i] for i in fit_rows(len(rows), take)]
         raw = []
         for start in range(0, take, batch_size):
-            ids = torch.tensor([r["input_ids"] for r in rows[start:min(take, start + batch_size)]],
+            ids = torch.tensor([r["input_ids"] for r in sample[start:start + batch_size]],
                                dtype=torch.long, device=target.device)
             raw.append({k: v.cpu() for k, v in _target_pass(target, mtp, ids, spec).items()
                         if k in ("taps", "mtp", "last")})
@@ -164,6 +167,13 @@ def _bases(out_dir: Path, target, mtp, rows: list[dict], spec: FeatureSpec, batc
         tensors = {f"{g}.{p}": v for g, b in bases.items() for p, v in b.items()}
         save_safetensors(path, tensors, metadata={"sha256": _row_sha256(tensors)})
         return bases
+
+
+def fit_rows(n_rows: int, take: int) -> list[int]:
+    """`take` row indices spread evenly over `n_rows` (the first, the last and every (n - 1) / (take - 1)-th)."""
+    if take >= n_rows:
+        return list(range(n_rows))
+    return sorted({round(i * (n_rows - 1) / max(1, take - 1)) for i in range(take)})
 
 
 def _read_basis(path: Path) -> dict:
