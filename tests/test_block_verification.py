@@ -18,7 +18,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
+from dmtp.decode import SamplingConfig, build_proposer
+from dmtp.families.decoding import spec_decoder
 from dmtp.decode.verify import (accept_block_verification, accept_rejection_sampling, accept_target_only,
                                 block_verification_plan, probs_from_logits, sample_from_probs, sample_tokens)
 from test_decode_sampling import N_SAMPLES, STEPS, _chi2_pvalue, _drafter, _exact_probs, prompt  # noqa: F401
@@ -295,7 +296,7 @@ CASES = [(m, s) for m in METHODS for s in SAMPLINGS]
 
 @pytest.mark.parametrize("method,sampling", CASES, ids=[f"{m}-T{s.temperature}" for m, s in CASES])
 def test_block_verification_matches_target_distribution(micro_target, micro_mtp, prompt, method, sampling):
-    dec = SpecDecoder(micro_target, _proposer(method, micro_target, micro_mtp), eos_token_id=[])
+    dec = spec_decoder(micro_target, _proposer(method, micro_target, micro_mtp), eos_token_id=[])
     res = dec.generate([prompt] * N_SAMPLES, max_new_tokens=STEPS, sampling=sampling, batch_size=N_SAMPLES, seed=123)
     seqs = [tuple(t) for t in res.tokens]
     assert all(len(s) == STEPS for s in seqs)
@@ -310,7 +311,7 @@ def test_block_verification_matches_target_distribution(micro_target, micro_mtp,
 def test_block_accepts_at_least_as_many_in_the_loop(micro_target, micro_mtp, prompt):
     """One seed: every request's first round verifies the same MTP415 drafts under both modes (the
     modes' random draws start in the verify stage), so the first rounds' accepted counts pair up."""
-    dec = SpecDecoder(micro_target, build_proposer("mtp415", micro_target, mtp=micro_mtp), eos_token_id=[])
+    dec = spec_decoder(micro_target, build_proposer("mtp415", micro_target, mtp=micro_mtp), eos_token_id=[])
     first_round = {}
     for mode in ("rejection", "block"):
         res = dec.generate([prompt] * 1000, max_new_tokens=2, batch_size=1000, seed=5,
@@ -323,8 +324,8 @@ def test_block_accepts_at_least_as_many_in_the_loop(micro_target, micro_mtp, pro
 @pytest.mark.parametrize("method", ["ar", *METHODS])
 def test_block_verification_at_temperature_zero_is_greedy(micro_target, micro_mtp, method):
     prompts = [[5 + i, 40 + 3 * i, 77, 12 + i, 9] for i in range(3)]
-    ar = SpecDecoder(micro_target, build_proposer("ar", micro_target), eos_token_id=[]).generate(prompts, 16)
-    dec = SpecDecoder(micro_target, _proposer(method, micro_target, micro_mtp), eos_token_id=[])
+    ar = spec_decoder(micro_target, build_proposer("ar", micro_target), eos_token_id=[]).generate(prompts, 16)
+    dec = spec_decoder(micro_target, _proposer(method, micro_target, micro_mtp), eos_token_id=[])
     res = dec.generate(prompts, max_new_tokens=16, batch_size=2, sampling=SamplingConfig(verification="block"))
     assert res.tokens == ar.tokens
 

@@ -35,7 +35,7 @@ def test_cfg_job_prints_the_composed_config(command, overrides, expect, tmp_path
     assert not list(tmp_path.iterdir())   # nothing ran: no run directory
 
 
-@pytest.mark.parametrize("command", ["dmtp.train", "dmtp.infer"])
+@pytest.mark.parametrize("command", ["dmtp.train", "dmtp.infer", "dmtp.prepare"])
 def test_command_modules_load_no_heavy_library(command, tmp_path):
     heavy = ("torch", "transformers", "lightning")
     proc = _run(["-c", f"import sys, {command}; print(sorted(m for m in {heavy!r} if m in sys.modules))"], tmp_path)

@@ -40,4 +40,4 @@ def test_unknown_or_bad_options_are_one_line():
 
 def test_the_data_module_takes_records_not_thirty_options():
     params = list(inspect.signature(DraftDataModule.__init__).parameters)
-    assert params == ["self", "tokenizer", "target", "source", "regen", "val", "loader", "seed"]
+    assert params == ["self", "tokenizer", "target", "source", "regen", "val", "loader", "features", "seed"]

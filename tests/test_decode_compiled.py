@@ -1,4 +1,4 @@
-"""The compiled round (`SpecDecoder(compile=...)`, dmtp/decode/compiled.py): the same tokens and accepted
+"""The compiled round (`spec_decoder(compile=...)`, dmtp/decode/compiled.py): the same tokens and accepted
 lengths as the eager loop, compile time reported apart, no recompilation once warm, programs of
 different shapes replayed in turn (replay evaluates only the guards that tell a stage's programs apart),
 and sampled calls (eager) in between leave the compiled greedy path as it was.
@@ -10,7 +10,8 @@ import time
 import pytest
 import torch
 
-from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
+from dmtp.decode import SamplingConfig, build_proposer
+from dmtp.families.decoding import spec_decoder
 from dmtp.drafters.block_drafter import fresh_drafter_for
 
 
@@ -29,9 +30,9 @@ def test_compiled_block16_matches_eager(micro_target, micro_mtp):
     """A block-16 drafter (15 candidates) compiles into its own fixed-shape program: same tokens and accepted
     lengths as eager, and the second call replays it without recompiling."""
     prompts = _prompts()
-    eager = SpecDecoder(micro_target, _proposer(micro_target, micro_mtp, "dual_anchor_zero_init", 16),
+    eager = spec_decoder(micro_target, _proposer(micro_target, micro_mtp, "dual_anchor_zero_init", 16),
                         eos_token_id=[]).generate(prompts, max_new_tokens=24, batch_size=2)
-    compiled = SpecDecoder(micro_target, _proposer(micro_target, micro_mtp, "dual_anchor_zero_init", 16),
+    compiled = spec_decoder(micro_target, _proposer(micro_target, micro_mtp, "dual_anchor_zero_init", 16),
                            eos_token_id=[], compile="aot_eager")
     for i in range(2):
         with torch.compiler.set_stance("fail_on_recompile" if i else "default"):
@@ -43,8 +44,8 @@ def test_compiled_block16_matches_eager(micro_target, micro_mtp):
 @pytest.mark.parametrize("method", ["dual_anchor_zero_init"])
 def test_compiled_protocol_matches_eager(micro_target, micro_mtp, method):
     prompts = _prompts()
-    eager = SpecDecoder(micro_target, _proposer(micro_target, micro_mtp, method), eos_token_id=[])
-    compiled = SpecDecoder(micro_target, _proposer(micro_target, micro_mtp, method), eos_token_id=[],
+    eager = spec_decoder(micro_target, _proposer(micro_target, micro_mtp, method), eos_token_id=[])
+    compiled = spec_decoder(micro_target, _proposer(micro_target, micro_mtp, method), eos_token_id=[],
                            compile="aot_eager")
     assert compiled.compiled and compiled.fixed_shapes and not eager.fixed_shapes
     # Two batch buckets, then both again: once warm, nothing recompiles, and each call replays its own
@@ -79,8 +80,8 @@ def test_inductor_compiled_acceptance_equals_eager(micro_target, micro_mtp):
     compiled path now runs the round as one program.)"""
     prompts = _prompts()[:3]
     proposer = build_proposer("mtp415", micro_target, mtp=micro_mtp)
-    ref = SpecDecoder(micro_target, proposer, eos_token_id=[]).generate(prompts, max_new_tokens=24, batch_size=1)
-    res = SpecDecoder(micro_target, proposer, eos_token_id=[], compile=True).generate(prompts, max_new_tokens=24,
+    ref = spec_decoder(micro_target, proposer, eos_token_id=[]).generate(prompts, max_new_tokens=24, batch_size=1)
+    res = spec_decoder(micro_target, proposer, eos_token_id=[], compile=True).generate(prompts, max_new_tokens=24,
                                                                                   batch_size=1)
     assert res.extra["compiled"]
     assert sum(map(sum, ref.accepted)) > 0   # the MTP's drafts are accepted now and then

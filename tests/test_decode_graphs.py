@@ -3,7 +3,8 @@ capture protocol itself: warm-up rounds followed by a state restore leave decodi
 import pytest
 import torch
 
-from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
+from dmtp.decode import SamplingConfig, build_proposer
+from dmtp.families.decoding import spec_decoder
 from dmtp.decode.runners import flash_attn_available
 from dmtp.drafters.block_drafter import fresh_drafter_for
 from dmtp.families.dense import FastTargetRunner
@@ -58,13 +59,13 @@ def one_thread():
 @pytest.mark.parametrize("method", ["mtp415", "context_fusion", "dual_anchor_zero_init", "multi_mtp_zero_init",
                                     "dual_anchor_zero_init@16"])
 def test_warmup_restore_leaves_decoding_unchanged(micro_target, micro_mtp, method, monkeypatch, one_thread):
-    eager = SpecDecoder(micro_target, _proposer(micro_target, micro_mtp, method), eos_token_id=[])
+    eager = spec_decoder(micro_target, _proposer(micro_target, micro_mtp, method), eos_token_id=[])
     ref = eager.generate(PROMPTS, max_new_tokens=20, batch_size=3)
 
     import dmtp.decode.graphs as graphs
 
     monkeypatch.setattr(graphs, "RoundGraphs", _EagerGraphs)
-    fake = SpecDecoder(micro_target, _proposer(micro_target, micro_mtp, method), eos_token_id=[], time_stages=False)
+    fake = spec_decoder(micro_target, _proposer(micro_target, micro_mtp, method), eos_token_id=[], time_stages=False)
     fake.use_graphs = True  # exercise buckets (3 requests -> 4 rows), snapshot/restore, graph reuse
     for _ in range(2):  # the second call reuses the captured "graphs" and the state buffers
         out = fake.generate(PROMPTS, max_new_tokens=20, batch_size=3)
@@ -97,7 +98,7 @@ def test_cuda_graphs_equal_eager(cuda_models, method, dtype):
     target, mtp = cuda_models[dtype]
     res = {}
     for graphs in (False, True):
-        dec = SpecDecoder(target, _proposer(target, mtp, method, "cuda", dtype), eos_token_id=[], cuda_graphs=graphs)
+        dec = spec_decoder(target, _proposer(target, mtp, method, "cuda", dtype), eos_token_id=[], cuda_graphs=graphs)
         assert dec.use_graphs == graphs
         for batch in (3, 6):  # bucket 4 with a padding row; bucket 8
             res[(graphs, batch)] = dec.generate(PROMPTS, max_new_tokens=40, batch_size=batch)
@@ -114,7 +115,7 @@ def test_cuda_graphs_equal_eager(cuda_models, method, dtype):
 def test_cuda_graphs_fp32_lossless(cuda_models, method):
     target, mtp = cuda_models[torch.float32]
     eos = 0  # the embedded tokenizer's <|endoftext|>
-    dec = SpecDecoder(target, _proposer(target, mtp, method, "cuda"), eos_token_id=eos, cuda_graphs=True)
+    dec = spec_decoder(target, _proposer(target, mtp, method, "cuda"), eos_token_id=eos, cuda_graphs=True)
     out = dec.generate(PROMPTS, max_new_tokens=32, batch_size=4)
     with torch.no_grad():
         for p, toks in zip(PROMPTS, out.tokens):
@@ -128,7 +129,7 @@ def test_cuda_graphs_fp32_lossless(cuda_models, method):
 def test_cuda_graphs_sampling_runs(cuda_models):
     target, mtp = cuda_models[torch.bfloat16]
     for mode in ("target_only", "rejection"):
-        dec = SpecDecoder(target, _proposer(target, mtp, "dual_anchor_zero_init", "cuda", torch.bfloat16),
+        dec = spec_decoder(target, _proposer(target, mtp, "dual_anchor_zero_init", "cuda", torch.bfloat16),
                           eos_token_id=[], cuda_graphs=True)
         out = dec.generate(PROMPTS, max_new_tokens=24, batch_size=8,
                            sampling=SamplingConfig(temperature=0.8, top_p=0.9, verification=mode))
@@ -154,7 +155,7 @@ def test_flash_attention_runner_matches_sdpa(cuda_models):
     # decoding through the flash path, eager and graphs agree
     res = []
     for graphs in (False, True):
-        dec = SpecDecoder(target, _proposer(target, mtp, "mtp415"), eos_token_id=[], cuda_graphs=graphs,
+        dec = spec_decoder(target, _proposer(target, mtp, "mtp415"), eos_token_id=[], cuda_graphs=graphs,
                           attention="flash")
         assert dec.runner.attention == "flash"
         res.append(dec.generate(PROMPTS, max_new_tokens=32, batch_size=4))

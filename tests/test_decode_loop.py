@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from dmtp.data.corpora import documents
-from dmtp.decode import DrafterProposer, SpecDecoder, build_proposer
+from dmtp.decode import DrafterProposer, build_proposer
+from dmtp.families.decoding import spec_decoder
 from dmtp.drafters.block_drafter import fresh_drafter_for
 from scripted_proposer import ScriptedProposer
 from dmtp.injection import VARIANTS
@@ -82,7 +83,7 @@ def _decoder(target, mtp, method, eos):
         proposer = build_proposer("drafter", target, mtp=mtp, drafter=drafter, name=method)
     else:
         proposer = build_proposer(method, target, mtp=mtp)
-    return SpecDecoder(target, proposer, eos_token_id=eos)
+    return spec_decoder(target, proposer, eos_token_id=eos)
 
 
 LOSSLESS_CASES = [(m, b) for m in ("ar", "mtp415", *VARIANTS) for b in (1, 2, 4, 8)]
@@ -108,7 +109,7 @@ def test_recompute_runner_is_lossless(micro_target, micro_mtp, prompts, eos_and_
     eos, refs = eos_and_refs
     drafter = make_drafter(micro_target, "dual_anchor_zero_init")
     proposer = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter)
-    dec = SpecDecoder(micro_target, proposer, eos_token_id=eos, runner="recompute")
+    dec = spec_decoder(micro_target, proposer, eos_token_id=eos, runner="recompute")
     assert dec.runner.kind == "recompute"
     assert dec.generate(prompts[:4], max_new_tokens=MAX_NEW, batch_size=2).tokens == refs[:4]
 
@@ -117,7 +118,7 @@ def test_recompute_runner_is_lossless(micro_target, micro_mtp, prompts, eos_and_
 
 def _scripted(target, continuations, **kw):
     proposer = ScriptedProposer(continuations, 7, vocab_size=target.config.vocab_size, **kw)
-    return SpecDecoder(target, proposer, eos_token_id=[])
+    return spec_decoder(target, proposer, eos_token_id=[])
 
 
 @pytest.mark.parametrize("batch", [1, 4])
@@ -165,7 +166,7 @@ def test_finished_requests_stop_advancing(micro_target, prompts, continuations):
     """Requests that end at different rounds (EOS at different places) in one batch."""
     eos = continuations[0][3]  # request 0 stops after 4 tokens; others whenever this token appears
     refs = [c[: c[:MAX_NEW].index(eos) + 1] if eos in c[:MAX_NEW] else c[:MAX_NEW] for c in continuations]
-    dec = SpecDecoder(micro_target, ScriptedProposer(continuations, 7, vocab_size=micro_target.config.vocab_size),
+    dec = spec_decoder(micro_target, ScriptedProposer(continuations, 7, vocab_size=micro_target.config.vocab_size),
                       eos_token_id=eos)
     res = dec.generate(prompts, max_new_tokens=MAX_NEW, batch_size=len(prompts))
     assert res.tokens == refs
@@ -216,7 +217,7 @@ def test_drafter_state_matches_teacher_forcing(micro_target, micro_mtp, prompts,
     drafter = make_drafter(micro_target, name, perturb=True)
     proposer = _Recording(drafter, micro_target.embed_tokens.weight, micro_target.lm_head.weight,
                           mtp=micro_mtp)
-    dec = SpecDecoder(micro_target, proposer, eos_token_id=[])
+    dec = spec_decoder(micro_target, proposer, eos_token_id=[])
     batch = [prompts[0], prompts[4], prompts[7]]
     res = dec.generate(batch, max_new_tokens=20, batch_size=3)
     checked = 0
@@ -237,7 +238,7 @@ def test_drafter_state_matches_teacher_forcing(micro_target, micro_mtp, prompts,
 
 def test_mtp_chain_first_candidate_matches_teacher_forcing(micro_target, micro_mtp, prompts):
     """Round r accepts T1 iff the teacher-forced MTP prediction at its anchor equals the next token."""
-    dec = SpecDecoder(micro_target, build_proposer("mtp415", micro_target, mtp=micro_mtp), eos_token_id=[])
+    dec = spec_decoder(micro_target, build_proposer("mtp415", micro_target, mtp=micro_mtp), eos_token_id=[])
     res = dec.generate(prompts, max_new_tokens=24, batch_size=4)
     with torch.no_grad():
         for p, toks, acc in zip(prompts, res.tokens, res.accepted):

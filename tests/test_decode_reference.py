@@ -4,7 +4,8 @@ the same tokens and the same accepted length in every round, for every method, a
 16 slots (the drafter's block_size), and for a block-16 drafter verified with a shorter block."""
 import pytest
 
-from dmtp.decode import SpecDecoder, build_proposer
+from dmtp.decode import build_proposer
+from dmtp.families.decoding import spec_decoder
 from dmtp.decode.reference import reference_generate, reference_proposal
 from dmtp.drafters.block_drafter import fresh_drafter_for, load_block_drafter
 from dmtp.injection import VARIANTS
@@ -44,7 +45,7 @@ def eos(micro_target):
 
 
 def _assert_equal_to_reference(target, proposer, eos, method):
-    fast = SpecDecoder(target, proposer, eos_token_id=eos).generate(PROMPTS, max_new_tokens=MAX_NEW, batch_size=4)
+    fast = spec_decoder(target, proposer, eos_token_id=eos).generate(PROMPTS, max_new_tokens=MAX_NEW, batch_size=4)
     propose = reference_proposal(proposer)
     for i, prompt in enumerate(PROMPTS):
         tokens, accepted = reference_generate(target, propose, prompt, MAX_NEW, eos_ids=eos)

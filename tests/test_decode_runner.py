@@ -120,11 +120,12 @@ def test_generic_fallback_for_other_architectures():
 
 
 def test_generic_fallback_decodes_losslessly():
-    from dmtp.decode import SpecDecoder, build_proposer
+    from dmtp.decode import build_proposer
+    from dmtp.families.decoding import spec_decoder
 
     target = _tiny_gpt2()
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12], [40]]
-    dec = SpecDecoder(target, build_proposer("ar", target), eos_token_id=[])
+    dec = spec_decoder(target, build_proposer("ar", target), eos_token_id=[])
     res = dec.generate(prompts, max_new_tokens=12, batch_size=2)
     for p, out in zip(prompts, res.tokens):
         seq = list(p)

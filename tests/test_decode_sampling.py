@@ -9,7 +9,8 @@ import torch
 from scipy.stats import chisquare
 
 from dmtp.data.corpora import documents
-from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
+from dmtp.decode import SamplingConfig, build_proposer
+from dmtp.families.decoding import spec_decoder
 from dmtp.decode.verify import probs_from_logits
 from dmtp.drafters.block_drafter import fresh_drafter_for
 from dmtp.models.target import load_tokenizer
@@ -70,7 +71,7 @@ def test_speculative_sampling_matches_target_distribution(micro_target, micro_mt
     else:
         drafter = _drafter(micro_target, method)
         proposer = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter)
-    dec = SpecDecoder(micro_target, proposer, eos_token_id=[])
+    dec = spec_decoder(micro_target, proposer, eos_token_id=[])
     res = dec.generate([prompt] * N_SAMPLES, max_new_tokens=STEPS, sampling=sampling, batch_size=250, seed=123)
     seqs = [tuple(t) for t in res.tokens]
     assert all(len(s) == STEPS for s in seqs)
@@ -85,10 +86,10 @@ def test_speculative_sampling_matches_target_distribution(micro_target, micro_mt
 
 def test_rejection_sampling_at_temperature_zero_is_greedy(micro_target, micro_mtp, prompt):
     proposer = build_proposer("mtp415", micro_target, mtp=micro_mtp)
-    dec = SpecDecoder(micro_target, proposer, eos_token_id=[])
+    dec = spec_decoder(micro_target, proposer, eos_token_id=[])
     greedy = dec.generate([prompt], max_new_tokens=12).tokens
     rej = dec.generate([prompt], max_new_tokens=12, sampling=SamplingConfig(verification="rejection")).tokens
-    ar = SpecDecoder(micro_target, build_proposer("ar", micro_target), eos_token_id=[]).generate([prompt], 12).tokens
+    ar = spec_decoder(micro_target, build_proposer("ar", micro_target), eos_token_id=[]).generate([prompt], 12).tokens
     assert greedy == rej == ar
 
 
@@ -96,7 +97,7 @@ def test_rejection_sampling_accepts_at_least_as_often(micro_target, micro_mtp, p
     """With the MTP's own distribution as q, rejection sampling accepts more drafts than target-only
     verification of argmax drafts (min(1, p/q) vs P(target sample == draft)) at temperature 1."""
     proposer = build_proposer("mtp415", micro_target, mtp=micro_mtp)
-    dec = SpecDecoder(micro_target, proposer, eos_token_id=[])
+    dec = spec_decoder(micro_target, proposer, eos_token_id=[])
     taus = {}
     for mode in ("target_only", "rejection"):
         res = dec.generate([prompt] * 200, max_new_tokens=16, batch_size=200, seed=7,

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
+from dmtp.families.decoding import spec_decoder
 from dmtp.drafters.block_drafter import fresh_drafter_for
 from scripted_proposer import ScriptedProposer
 from dmtp.decode.stage import Stage, snapshot
@@ -45,20 +46,20 @@ def check_rounds(dec: SpecDecoder, sampling: SamplingConfig, rounds: int = 3) ->
 @pytest.mark.parametrize("sampling", [GREEDY, REJECTION], ids=["greedy", "rejection"])
 @pytest.mark.parametrize("method", ["ar", "mtp415", "scripted", *VARIANTS])
 def test_stages_change_only_what_they_declare(micro_target, micro_mtp, method, sampling):
-    dec = SpecDecoder(micro_target, _proposer(micro_target, micro_mtp, method), eos_token_id=[], time_stages=False)
+    dec = spec_decoder(micro_target, _proposer(micro_target, micro_mtp, method), eos_token_id=[], time_stages=False)
     assert check_rounds(dec, sampling) >= 3
 
 
 def test_adaptive_multi_step_and_recompute_runner_declare_their_writes(micro_target, micro_mtp):
     proposer = _proposer(micro_target, micro_mtp, "multi_mtp_zero_init", mtp_threshold=0.3)
-    assert check_rounds(SpecDecoder(micro_target, proposer, eos_token_id=[], time_stages=False), GREEDY) == 18   # 6 stages a round
+    assert check_rounds(spec_decoder(micro_target, proposer, eos_token_id=[], time_stages=False), GREEDY) == 18   # 6 stages a round
     proposer = _proposer(micro_target, micro_mtp, "context_fusion")
-    dec = SpecDecoder(micro_target, proposer, eos_token_id=[], runner="recompute", time_stages=False)
+    dec = spec_decoder(micro_target, proposer, eos_token_id=[], runner="recompute", time_stages=False)
     assert check_rounds(dec, GREEDY) == 15
 
 
 def test_an_undeclared_write_is_caught_and_the_snapshot_is_what_stages_declare(micro_target, micro_mtp):
-    dec = SpecDecoder(micro_target, _proposer(micro_target, micro_mtp, "mtp415"), eos_token_id=[])
+    dec = spec_decoder(micro_target, _proposer(micro_target, micro_mtp, "mtp415"), eos_token_id=[])
     st = dec._ensure_state(len(PROMPTS), 64, MAX_NEW, GREEDY)
     sneaky = Stage("sneaky", lambda: dec.proposer.mtp_state.h.add_(1.0), writes=(st.acc,))
     assert undeclared_writes(sneaky, state=st, runner=dec.runner, proposer=dec.proposer) == ["proposer.mtp_state.h"]

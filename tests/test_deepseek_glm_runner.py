@@ -15,7 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
+from dmtp.decode import SamplingConfig, build_proposer
+from dmtp.families.decoding import spec_decoder
 from dmtp.drafters.block_drafter import fresh_drafter_for
 from scripted_proposer import ScriptedProposer
 from dmtp.decode.runners import RecomputeTargetRunner
@@ -212,7 +213,7 @@ def _proposer(family, method):
 @pytest.mark.parametrize("method,batches", [("ar", (1, 8)), ("mtp415", (2, 8)), ("raw_dflash", (4, 8)),
                                             ("dual_anchor_zero_init", (1, 2, 4, 8))])
 def test_greedy_equals_transformers_generate(family, method, batches):
-    dec = SpecDecoder(family["target"], _proposer(family, method), eos_token_id=None)
+    dec = spec_decoder(family["target"], _proposer(family, method), eos_token_id=None)
     assert dec.runner.kind == family["name"]
     for batch in batches:
         res = dec.generate(family["prompts"], max_new_tokens=NEW, batch_size=batch)
@@ -225,7 +226,7 @@ def test_mixed_accepted_lengths_in_one_round(family):
     corrupt = [1, None, 4, 2, None, 7, 3, 1]
     expected = [0, 7, 3, 1, 7, 6, 2, 0]
     proposer = ScriptedProposer(family["refs"], 7, corrupt_at=corrupt, vocab_size=family["target"].config.vocab_size)
-    res = SpecDecoder(family["target"], proposer, eos_token_id=None).generate(family["prompts"], max_new_tokens=NEW,
+    res = spec_decoder(family["target"], proposer, eos_token_id=None).generate(family["prompts"], max_new_tokens=NEW,
                                                                               batch_size=8)
     assert res.tokens == family["refs"]
     for acc, k in zip(res.accepted, expected):
@@ -242,7 +243,7 @@ def test_graph_capture_protocol_leaves_decoding_unchanged(family, monkeypatch):
     prompts, refs = family["prompts"][:6], family["refs"][:6]
     proposer = ScriptedProposer(refs, 7, corrupt_at=[1, None, 4, 2, None, 7],
                                 vocab_size=family["target"].config.vocab_size)
-    dec = SpecDecoder(family["target"], proposer, eos_token_id=None, time_stages=False)
+    dec = spec_decoder(family["target"], proposer, eos_token_id=None, time_stages=False)
     dec.use_graphs = True
     res = dec.generate(prompts, max_new_tokens=NEW, batch_size=3)
     assert res.tokens == refs and res.accepted[1][0] == 7 and res.accepted[2][0] == 3
@@ -318,7 +319,7 @@ def test_rejection_sampling_keeps_the_target_distribution(family):
     sampling = SamplingConfig(temperature=1.0, top_k=4, verification="rejection")
     n = 600
     prompt = family["prompts"][0]
-    dec = SpecDecoder(target, build_proposer("mtp415", target, mtp=mtp), eos_token_id=[])
+    dec = spec_decoder(target, build_proposer("mtp415", target, mtp=mtp), eos_token_id=[])
     res = dec.generate([prompt] * n, max_new_tokens=3, sampling=sampling, batch_size=300, seed=123)
     counts = Counter(tuple(t) for t in res.tokens)
     probs = _exact_probs(target, prompt, list(counts), sampling)
@@ -366,7 +367,7 @@ def test_cuda_graphs_equal_eager(family, method, dtype):
         else:
             drafter = fresh_drafter_for(target, method, 3, perturb=0.5)
             proposer = build_proposer("drafter", target, mtp=mtp, drafter=drafter.to("cuda", dtype))
-        dec = SpecDecoder(target, proposer, eos_token_id=[], cuda_graphs=graphs)
+        dec = spec_decoder(target, proposer, eos_token_id=[], cuda_graphs=graphs)
         assert dec.use_graphs == graphs and dec.runner.kind == family["name"]
         res[graphs] = dec.generate(prompts, max_new_tokens=NEW, batch_size=4)
         if graphs:

@@ -493,7 +493,8 @@ def sample_anchors_for(module, ids, mask, step):
 def test_dflash2_decoding_is_lossless_and_uses_the_selector(micro_target, micro_mtp, name):
     """DFlash2 inside the one loop: exact greedy output at batch 1, 3 and 8, selector path included."""
     from dmtp.drafters.block_drafter import BlockDrafter
-    from dmtp.decode import SpecDecoder, build_proposer
+    from dmtp.decode import build_proposer
+    from dmtp.families.decoding import spec_decoder
     from dmtp.injection.catalogue import make_injection
     from dmtp.drafters.dflash2 import DFlash2Config, DFlash2Drafter
     from dmtp.drafters.dflash import build_target_layer_ids
@@ -511,8 +512,8 @@ def test_dflash2_decoding_is_lossless_and_uses_the_selector(micro_target, micro_
     with torch.no_grad():
         drafter.backbone.candidate_selector.successor_codebook.normal_(std=0.5)   # make the selector matter
     prompts = [[5 + i, 40 + 3 * i, 77, 12 + i, 9] for i in range(8)]
-    ref = SpecDecoder(micro_target, build_proposer("ar", micro_target)).generate(prompts, max_new_tokens=20)
+    ref = spec_decoder(micro_target, build_proposer("ar", micro_target)).generate(prompts, max_new_tokens=20)
     proposer = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter)
     for batch in (1, 3, 8):
-        res = SpecDecoder(micro_target, proposer).generate(prompts, max_new_tokens=20, batch_size=batch)
+        res = spec_decoder(micro_target, proposer).generate(prompts, max_new_tokens=20, batch_size=batch)
         assert res.tokens == ref.tokens

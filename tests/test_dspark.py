@@ -10,7 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
+from dmtp.decode import SamplingConfig, build_proposer
+from dmtp.families.decoding import spec_decoder
 from dmtp.decode.reference import reference_generate, reference_proposal
 from dmtp.drafters.block_drafter import fresh_drafter_for, load_block_drafter
 from dmtp.drafters.checkpoint import load_drafter, save_drafter
@@ -215,9 +216,9 @@ def test_fast_loop_equals_the_reference_round(micro_target, micro_mtp, name, var
     verified prefix only)."""
     drafter = dspark_drafter(micro_target, name, variant)
     proposer = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter, name=name)
-    ar = SpecDecoder(micro_target, build_proposer("ar", micro_target)).generate(PROMPTS, max_new_tokens=20)
+    ar = spec_decoder(micro_target, build_proposer("ar", micro_target)).generate(PROMPTS, max_new_tokens=20)
     for threshold in (0.0, 0.7):
-        res = SpecDecoder(micro_target, proposer).generate(
+        res = spec_decoder(micro_target, proposer).generate(
             PROMPTS, max_new_tokens=20, batch_size=3, sampling=SamplingConfig(confidence_threshold=threshold))
         assert res.tokens == ar.tokens
         propose = reference_proposal(proposer, confidence_threshold=threshold)
@@ -232,7 +233,7 @@ def test_fast_loop_equals_the_reference_round(micro_target, micro_mtp, name, var
 def test_confidence_threshold_without_a_confidence_head_is_one_line(micro_target, micro_mtp):
     proposer = build_proposer("mtp415", micro_target, mtp=micro_mtp)
     with pytest.raises(ValueError, match=r"^confidence_threshold=0.5 needs a drafter with a confidence head"):
-        SpecDecoder(micro_target, proposer).generate(PROMPTS, 8, sampling=SamplingConfig(confidence_threshold=0.5))
+        spec_decoder(micro_target, proposer).generate(PROMPTS, 8, sampling=SamplingConfig(confidence_threshold=0.5))
     with pytest.raises(ValueError, match=r"^confidence_threshold must be in \[0, 1\]"):
         SamplingConfig(confidence_threshold=1.5)
 
@@ -242,7 +243,7 @@ def test_exported_dmtp_dspark_decodes_the_same(micro_target, micro_mtp, tmp_path
     drafter.save(tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["DMTPDSparkDraftModel"]
     loaded, _ = load_block_drafter(tmp_path)
-    runs = [SpecDecoder(micro_target, build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=d))
+    runs = [spec_decoder(micro_target, build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=d))
             .generate(PROMPTS, max_new_tokens=16) for d in (drafter, loaded)]
     assert runs[0].tokens == runs[1].tokens and runs[0].accepted == runs[1].accepted
 
@@ -260,8 +261,8 @@ def test_dspark_round_replays_as_cuda_graphs(micro_target_dir, tmp_path):
     proposer = build_proposer("drafter", target, mtp=mtp, drafter=drafter)
     for sampling in (SamplingConfig(confidence_threshold=0.5),
                      SamplingConfig(temperature=1.0, verification="rejection", confidence_threshold=0.3)):
-        eager = SpecDecoder(target, proposer).generate(PROMPTS, 24, sampling=sampling, batch_size=4, seed=1)
-        graphs = SpecDecoder(target, proposer, cuda_graphs=True).generate(PROMPTS, 24, sampling=sampling,
+        eager = spec_decoder(target, proposer).generate(PROMPTS, 24, sampling=sampling, batch_size=4, seed=1)
+        graphs = spec_decoder(target, proposer, cuda_graphs=True).generate(PROMPTS, 24, sampling=sampling,
                                                                             batch_size=4, seed=1)
         assert graphs.extra["cuda_graphs"]
         if sampling.greedy:
@@ -291,7 +292,7 @@ def test_dspark_sampling_matches_target_distribution(micro_target, micro_mtp, na
 
     prompt = PROMPTS[0]
     proposer = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=dspark_drafter(micro_target, name, variant))
-    res = SpecDecoder(micro_target, proposer, eos_token_id=[]).generate(
+    res = spec_decoder(micro_target, proposer, eos_token_id=[]).generate(
         [prompt] * N_SAMPLES, max_new_tokens=STEPS, sampling=sampling, batch_size=250, seed=123)
     counts = Counter(tuple(t) for t in res.tokens)
     probs = _exact_probs(micro_target, prompt, list(counts), sampling)
@@ -354,7 +355,7 @@ def test_dspark_stages_change_only_what_they_declare(micro_target, micro_mtp, sa
     from tests.test_decode_stage_writes import check_rounds
 
     drafter = dspark_drafter(micro_target, "dual_anchor_zero_init", "rnn")
-    dec = SpecDecoder(micro_target, build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter),
+    dec = spec_decoder(micro_target, build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter),
                       eos_token_id=[], time_stages=False)
     assert check_rounds(dec, sampling) >= 3
 
@@ -366,8 +367,8 @@ def test_dspark_round_compiles_as_one_graph_and_equals_eager(micro_target, micro
     drafter = dspark_drafter(micro_target, "dual_anchor_zero_init", variant)
     proposer = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter)
     sampling = SamplingConfig(confidence_threshold=0.7)
-    eager = SpecDecoder(micro_target, proposer, eos_token_id=[]).generate(PROMPTS, 20, sampling=sampling, batch_size=2)
-    compiled = SpecDecoder(micro_target, proposer, eos_token_id=[], compile="aot_eager")
+    eager = spec_decoder(micro_target, proposer, eos_token_id=[]).generate(PROMPTS, 20, sampling=sampling, batch_size=2)
+    compiled = spec_decoder(micro_target, proposer, eos_token_id=[], compile="aot_eager")
     res = compiled.generate(PROMPTS, 20, sampling=sampling, batch_size=2)
     assert res.extra["compiled"] and res.tokens == eager.tokens and res.accepted == eager.accepted
 
@@ -379,9 +380,9 @@ def test_dspark_warmup_restore_leaves_decoding_unchanged(micro_target, micro_mtp
     drafter = dspark_drafter(micro_target, "raw_dflash", "gated")
     proposer = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter)
     sampling = SamplingConfig(confidence_threshold=0.7)
-    ref = SpecDecoder(micro_target, proposer, eos_token_id=[]).generate(PROMPTS, 20, sampling=sampling, batch_size=3)
+    ref = spec_decoder(micro_target, proposer, eos_token_id=[]).generate(PROMPTS, 20, sampling=sampling, batch_size=3)
     monkeypatch.setattr(graphs, "RoundGraphs", _EagerGraphs)
-    fake = SpecDecoder(micro_target, proposer, eos_token_id=[], time_stages=False)
+    fake = spec_decoder(micro_target, proposer, eos_token_id=[], time_stages=False)
     fake.use_graphs = True
     for _ in range(2):
         out = fake.generate(PROMPTS, 20, sampling=sampling, batch_size=3)

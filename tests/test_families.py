@@ -14,7 +14,7 @@ from dmtp.tiny.presets import PRESETS
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "dmtp" / "families"
 # The package's files that are not a family.
-MACHINERY = {"__init__.py", "base.py", "catalogue.py", "mtp_loading.py"}
+MACHINERY = {"__init__.py", "base.py", "catalogue.py", "mtp_loading.py", "decoding.py"}
 
 
 def _written_by_real_targets() -> set[str]:

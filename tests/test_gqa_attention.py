@@ -4,7 +4,8 @@ greedy decoding stays exactly the target's own with the query regrouped (the CUD
 import pytest
 import torch
 
-from dmtp.decode import SpecDecoder, build_proposer
+from dmtp.decode import build_proposer
+from dmtp.families.decoding import spec_decoder
 from dmtp.injection import VARIANTS
 from dmtp.models.qwen3 import additive_mask, attend, gqa_mode, set_gqa_mode
 from test_decode_loop import MAX_NEW, eos_and_refs, continuations, greedy_reference, make_drafter, prompts, tokenizer  # noqa: F401
@@ -122,7 +123,7 @@ def test_grouped_query_decoding_is_lossless(gqa, micro_target, micro_mtp, prompt
     else:
         proposer = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=make_drafter(micro_target, method),
                                   name=method)
-    res = SpecDecoder(micro_target, proposer, eos_token_id=eos).generate(prompts, max_new_tokens=MAX_NEW, batch_size=4)
+    res = spec_decoder(micro_target, proposer, eos_token_id=eos).generate(prompts, max_new_tokens=MAX_NEW, batch_size=4)
     assert res.tokens == refs
 
 

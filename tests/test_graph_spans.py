@@ -1,11 +1,12 @@
-"""Captured rounds attend a span bucket of the caches (`SpecDecoder(graph_span_step=...)`), chosen on the
+"""Captured rounds attend a span bucket of the caches (`spec_decoder(graph_span_step=...)`), chosen on the
 host from a bound on the longest length (its value at the last poll + the block width per round since).
 On CPU the capture protocol runs with eager stand-ins (tests/test_decode_graphs.py): every row a round
 touches lies below its bucket's span, several buckets are captured as requests grow, and decoding is
 exactly the target's own greedy output with the same accepted lengths as over the whole caches."""
 import pytest
 
-from dmtp.decode import SpecDecoder, build_proposer
+from dmtp.decode import build_proposer
+from dmtp.families.decoding import spec_decoder
 import dmtp.decode.graphs as graphs
 from test_decode_graphs import _EagerGraphs
 from test_decode_loop import (MAX_NEW, _check_positions_below_span, continuations, eos_and_refs,  # noqa: F401
@@ -34,7 +35,7 @@ def _decoder(target, mtp, method, eos, step):
         proposer = build_proposer(method, target, mtp=mtp)
     else:
         proposer = build_proposer("drafter", target, mtp=mtp, drafter=make_drafter(target, method), name=method)
-    dec = SpecDecoder(target, proposer, eos_token_id=eos, time_stages=False, graph_span_step=step, poll_every=3)
+    dec = spec_decoder(target, proposer, eos_token_id=eos, time_stages=False, graph_span_step=step, poll_every=3)
     dec.use_graphs = True   # the graph protocol with eager stand-ins (monkeypatched RoundGraphs)
     return dec
 
@@ -62,7 +63,7 @@ def test_span_buckets_cover_every_row_and_decode_losslessly(micro_target, micro_
 
 def test_span_step_is_checked(micro_target, micro_mtp):
     with pytest.raises(ValueError, match="graph_span_step must be a positive"):
-        SpecDecoder(micro_target, build_proposer("ar", micro_target, mtp=micro_mtp), graph_span_step=0)
+        spec_decoder(micro_target, build_proposer("ar", micro_target, mtp=micro_mtp), graph_span_step=0)
 
 
 @pytest.mark.gpu
@@ -82,7 +83,7 @@ def test_cuda_span_buckets_equal_eager(micro_target_dir, method, dtype):
     mtp = load_native_mtp(micro_target_dir, target.embed_tokens, target.lm_head)
     res = {}
     for graphs in (False, True):
-        dec = SpecDecoder(target, _proposer(target, mtp, method, "cuda", dt), eos_token_id=[], cuda_graphs=graphs,
+        dec = spec_decoder(target, _proposer(target, mtp, method, "cuda", dt), eos_token_id=[], cuda_graphs=graphs,
                           graph_span_step=16)
         res[graphs] = dec.generate(PROMPTS, max_new_tokens=40, batch_size=3)
         if graphs:

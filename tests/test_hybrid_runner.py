@@ -10,7 +10,8 @@ from collections import Counter
 import pytest
 import torch
 
-from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
+from dmtp.decode import SamplingConfig, build_proposer
+from dmtp.families.decoding import spec_decoder
 from dmtp.drafters.block_drafter import fresh_drafter_for
 from scripted_proposer import ScriptedProposer
 from dmtp.decode.runners import RecomputeTargetRunner
@@ -93,7 +94,7 @@ def test_every_method_equals_transformers_generate(hybrid, greedy_refs, name):
     prompts = _prompts(target.config.vocab_size)
     refs = greedy_refs(name)
     for method in METHODS[name]:
-        dec = SpecDecoder(target, _proposer(method, target, mtp, refs), eos_token_id=None, time_stages=False)
+        dec = spec_decoder(target, _proposer(method, target, mtp, refs), eos_token_id=None, time_stages=False)
         assert isinstance(dec.runner, HybridTargetRunner)
         for batch, count in BATCHES.items():
             res = dec.generate(prompts[:count], max_new_tokens=NEW, batch_size=batch)
@@ -194,7 +195,7 @@ def test_rejection_sampling_matches_target_distribution(hybrid, method):
     # get accepted in some rounds and rejected in others (asserted below).
     prompt = torch.randint(5, target.config.vocab_size, (10,), generator=torch.Generator().manual_seed(22)).tolist()
     sampling = SamplingConfig(temperature=1.0, top_k=4, verification="rejection")
-    dec = SpecDecoder(target, _proposer(method, target, mtp), eos_token_id=[], time_stages=False)
+    dec = spec_decoder(target, _proposer(method, target, mtp), eos_token_id=[], time_stages=False)
     assert isinstance(dec.runner, HybridTargetRunner)
     n = 1000
     res = dec.generate([prompt] * n, max_new_tokens=3, sampling=sampling, batch_size=n, seed=123)
@@ -244,12 +245,12 @@ class _EagerGraphs:
 def test_graph_warmup_restores_recurrent_state(hybrid, monkeypatch):
     target, mtp = hybrid["dense"]
     prompts = _prompts(target.config.vocab_size)[:3]
-    ref = SpecDecoder(target, _proposer("mtp415", target, mtp), eos_token_id=[]).generate(prompts, NEW, batch_size=3)
+    ref = spec_decoder(target, _proposer("mtp415", target, mtp), eos_token_id=[]).generate(prompts, NEW, batch_size=3)
 
     import dmtp.decode.graphs as graphs
 
     monkeypatch.setattr(graphs, "RoundGraphs", _EagerGraphs)
-    fake = SpecDecoder(target, _proposer("mtp415", target, mtp), eos_token_id=[], time_stages=False)
+    fake = spec_decoder(target, _proposer("mtp415", target, mtp), eos_token_id=[], time_stages=False)
     fake.use_graphs = True  # bucket 4 with a padding row, snapshot/restore around the warm-up
     out = fake.generate(prompts, NEW, batch_size=3)
     assert out.tokens == ref.tokens and out.accepted == ref.accepted
@@ -260,7 +261,7 @@ def test_stages_declare_the_recurrent_state_they_commit(hybrid, method):
     """The verify stage's writes include every GDN layer's committed conv/recurrent state (advance), its
     scratch the per-row block buffers and the attention K/V."""
     target, mtp = hybrid["dense"]
-    dec = SpecDecoder(target, _proposer(method, target, mtp), eos_token_id=[], time_stages=False)
+    dec = spec_decoder(target, _proposer(method, target, mtp), eos_token_id=[], time_stages=False)
     assert check_rounds(dec, SamplingConfig()) > 0
     gdn = [c for c in dec.runner.caches if isinstance(c, GDNCache)]
     verify = next(s for s in dec.stages(dec.st) if s.name == "verify")
@@ -283,7 +284,7 @@ def test_cuda_graphs_equal_eager(hybrid, name, dtype):
     prompts = _prompts(target.config.vocab_size)
     res = {}
     for graphs in (False, True):
-        dec = SpecDecoder(target, _proposer("dual_anchor_zero_init", target, mtp), eos_token_id=[], cuda_graphs=graphs)
+        dec = spec_decoder(target, _proposer("dual_anchor_zero_init", target, mtp), eos_token_id=[], cuda_graphs=graphs)
         assert isinstance(dec.runner, HybridTargetRunner) and dec.use_graphs == graphs
         res[graphs] = dec.generate(prompts, max_new_tokens=32, batch_size=6)
     assert res[True].tokens == res[False].tokens

@@ -11,7 +11,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from dmtp.configs import compose_train
-from dmtp.decode import SpecDecoder, build_proposer
+from dmtp.decode import build_proposer
+from dmtp.families.decoding import spec_decoder
 from dmtp.families.mtp_loading import MTPLoadError, load_native_mtp
 from dmtp.inference.drafters import load_drafter_for, mtp_for_drafter
 from dmtp.training.job import build_components, train
@@ -72,8 +73,8 @@ def test_frozen_default_and_joint_training(tmp_path, micro_target_dir, micro_tar
         micro_target_dir, micro_target.embed_tokens, micro_target.lm_head))
     assert torch.equal(mtp.fc.weight, joint.mtp.fc.weight)
     prompts = [[5 + i, 40 + 3 * i, 77, 12 + i, 9, 31] for i in range(3)]
-    ar = SpecDecoder(micro_target, build_proposer("ar", micro_target), eos_token_id=[]).generate(prompts, 24)
-    res = SpecDecoder(micro_target, build_proposer("drafter", micro_target, mtp=mtp, drafter=drafter),
+    ar = spec_decoder(micro_target, build_proposer("ar", micro_target), eos_token_id=[]).generate(prompts, 24)
+    res = spec_decoder(micro_target, build_proposer("drafter", micro_target, mtp=mtp, drafter=drafter),
                       eos_token_id=[]).generate(prompts, max_new_tokens=24, batch_size=2)
     assert res.tokens == ar.tokens
 
@@ -122,7 +123,7 @@ def test_deepseek_layout_multi_step_joint_training_round_trip(tmp_path, micro_ta
     drafter, _ = load_drafter_for(target, tmp_path / "train" / "drafter", torch.float32, "cpu",
                                   options={"mtp_threshold": 0.3})
     prompts = [[5 + i, 40 + 3 * i, 77, 12 + i, 9, 31] for i in range(2)]
-    ar = SpecDecoder(target, build_proposer("ar", target), eos_token_id=[]).generate(prompts, 12)
-    res = SpecDecoder(target, build_proposer("drafter", target, mtp=reloaded, drafter=drafter),
+    ar = spec_decoder(target, build_proposer("ar", target), eos_token_id=[]).generate(prompts, 12)
+    res = spec_decoder(target, build_proposer("drafter", target, mtp=reloaded, drafter=drafter),
                       eos_token_id=[]).generate(prompts, max_new_tokens=12, batch_size=2)
     assert res.tokens == ar.tokens

@@ -10,6 +10,10 @@ Tiers, low -> high (the one table; a new package or top-level module must be pla
      dmtp.drafters with its injection), the embedded tiny-target builder
   3  applications of those: training, serving, the engines that decode behind one interface, inference, reports
   4  commands and their command-line plumbing, and tools/
+Inside a tier, packages that build on others of it sit above them (the decimals): the injection variants below
+the drafter architectures (1.1 < 1.2), the block drafter below decoding below the families that give it runners
+below the tiny-target builder (2.0 < 2.1 < 2.2 < 2.3), serving and reports below the engines below inference
+below training (3.0 < 3.1 < 3.2 < 3.3).
 """
 from __future__ import annotations
 
@@ -26,16 +30,17 @@ TIERS = {
     "dmtp": 0,   # the package's __init__ only (it registers the config resolvers)
     "dmtp.atomic_io": 0, "dmtp.paths": 0, "dmtp.threads": 0, "dmtp.quiet": 0, "dmtp.errors": 0,
     "dmtp.configs": 0, "dmtp.resolvers": 0, "dmtp.run_dirs": 0, "dmtp.run_records": 0,
-    # 1: libraries
-    "dmtp.models": 1, "dmtp.drafters": 1, "dmtp.injection": 1, "dmtp.data": 1,
+    # 1: libraries (the block width, dmtp.models.block_size, is the models' and read by both above them)
+    "dmtp.models": 1, "dmtp.data": 1, "dmtp.injection": 1.1, "dmtp.drafters": 1.2,
     # 2: built on the libraries
-    "dmtp.decode": 2, "dmtp.families": 2, "dmtp.drafters.block_drafter": 2, "dmtp.tiny": 2,
+    "dmtp.drafters.block_drafter": 2, "dmtp.decode": 2.1, "dmtp.families": 2.2, "dmtp.tiny": 2.3,
     # 3: applications
-    "dmtp.training": 3, "dmtp.serving": 3, "dmtp.inference": 3, "dmtp.reports": 3, "dmtp.engines": 3,
+    "dmtp.serving": 3, "dmtp.reports": 3, "dmtp.engines": 3.1, "dmtp.inference": 3.2, "dmtp.training": 3.3,
     # 4: commands (imported by nothing: see COMMANDS) and their plumbing; tools/
-    "dmtp.cli": 4, "dmtp.train": 4, "dmtp.infer": 4, "dmtp.report": 4, "dmtp.tiny.build": 4, "tools": 4,
+    "dmtp.cli": 4, "dmtp.train": 4, "dmtp.infer": 4, "dmtp.report": 4, "dmtp.prepare": 4, "dmtp.tiny.build": 4,
+    "tools": 4,
 }
-COMMANDS = {"dmtp.train", "dmtp.infer", "dmtp.report", "dmtp.tiny.build"}
+COMMANDS = {"dmtp.train", "dmtp.infer", "dmtp.report", "dmtp.prepare", "dmtp.tiny.build"}
 
 
 def module_name(path: Path) -> str:
@@ -85,7 +90,7 @@ def import_graph() -> dict[str, set[str]]:
     return graph
 
 
-def tier_of(module: str) -> int | None:
+def tier_of(module: str) -> float | None:
     table = TIERS
     best = None
     for prefix in table:
@@ -186,3 +191,13 @@ def test_the_walk_sees_lazy_relative_and_aliased_imports(tmp_path):
              for n in ("dmtp.pkg.a", "dmtp.pkg.b", "dmtp.pkg.c")}
     assert graph == {"dmtp.pkg.a": {"dmtp.pkg.b"}, "dmtp.pkg.b": {"dmtp.pkg.c"}, "dmtp.pkg.c": {"dmtp.pkg.a"}}
     assert cycles(graph) == [["dmtp.pkg.a", "dmtp.pkg.b", "dmtp.pkg.c", "dmtp.pkg.a"]]
+
+
+def test_the_arrows_that_once_pointed_up_are_upward_in_the_table():
+    """The injection read the block width from a drafter architecture, the loop chose its runner from the families'
+    catalogue, and dmtp's engine built its decoders through the inference loader: each now goes the other way (the
+    width is dmtp.models.block_size's, the runner is chosen in dmtp.families.decoding), and the table keeps it so."""
+    for low, high in (("dmtp.injection.base", "dmtp.drafters.dflash"), ("dmtp.decode.loop", "dmtp.families.catalogue"),
+                      ("dmtp.engines.dmtp_loop", "dmtp.inference.setup")):
+        assert tier_of(low) < tier_of(high)
+        assert high not in import_graph()[low]

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from dmtp.configs import compose_train
-from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
+from dmtp.decode import SamplingConfig, build_proposer
+from dmtp.families.decoding import spec_decoder
 from dmtp.drafters.block_drafter import BlockDrafter, fresh_drafter_for, load_block_drafter
 from dmtp.injection.catalogue import make_injection
 from dmtp.models.mtp_chain import TeacherChain
@@ -23,7 +24,7 @@ THRESHOLD = 0.4   # about the micro MTP's median top-1 probability: adaptive m r
 @pytest.fixture(scope="module")
 def refs(micro_target, prompts):  # noqa: F811
     """The target's greedy outputs (its AR decoding through the loop, itself tested against transformers')."""
-    return SpecDecoder(micro_target, build_proposer("ar", micro_target), eos_token_id=None).generate(
+    return spec_decoder(micro_target, build_proposer("ar", micro_target), eos_token_id=None).generate(
         prompts, max_new_tokens=MAX_NEW, batch_size=len(prompts)).tokens
 
 
@@ -33,7 +34,7 @@ def _multi(target, perturb=True, **options):
 
 def _decode(target, mtp, drafter, prompts, eos, **kw):
     proposer = build_proposer("drafter", target, mtp=mtp, drafter=drafter)
-    return SpecDecoder(target, proposer, eos_token_id=eos).generate(prompts, **kw)
+    return spec_decoder(target, proposer, eos_token_id=eos).generate(prompts, **kw)
 
 
 def _recording_m(inj) -> list:

@@ -15,6 +15,9 @@ CALLERS = {"dmtp/inference/compare.py": LOADS - {"build_decoder"},   # its decod
            "tools/bench_decode.py": LOADS, "tools/bench_peer.py": LOADS,
            "dmtp/training/evaluate.py": {"build_decoder"},   # decode-after holds its trained modules already
            "dmtp/engines/dmtp_loop.py": {"build_decoder"}}   # engine=dmtp (dmtp.infer, regeneration, benches)
+# build_decoder is defined where the loop meets the families' runners (dmtp.families.decoding) and re-exported by
+# the loader; the engines sit below the loader and take it from there.
+LOADERS = ("dmtp.inference.setup", "dmtp.families.decoding")
 # What the loader does, done by hand: the target and its tokenizer, the MTP, the drafter and its MTP, a decoder.
 BY_HAND = {"TargetModel", "load_tokenizer", "ensure_tiny_target", "load_native_mtp", "load_drafter_for",
            "mtp_for_drafter", "build_proposer", "SpecDecoder", "resolve_device", "resolve_dtype"}
@@ -22,7 +25,7 @@ BY_HAND = {"TargetModel", "load_tokenizer", "ensure_tiny_target", "load_native_m
 
 def from_setup(tree: ast.AST) -> set[str]:
     return {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-            and node.module == "dmtp.inference.setup" for alias in node.names}
+            and node.module in LOADERS for alias in node.names}
 
 
 def called(tree: ast.AST) -> set[str]:

@@ -140,11 +140,12 @@ def _assert_same_rounds(target, ref_model, drafter, block_size, monkeypatch):
     accepted length (theirs counts the bonus token: `acceptance_lengths` = accepted + 1)."""
     import time
 
-    from dmtp.decode import SpecDecoder, build_proposer
+    from dmtp.decode import build_proposer
+    from dmtp.families.decoding import spec_decoder
 
     monkeypatch.setattr(ref, "_cuda_time", time.perf_counter)   # its stats timer syncs CUDA; on CPU, wall time
     assert drafter.block_size == block_size and drafter.num_candidates == block_size - 1
-    ours = SpecDecoder(target, build_proposer("drafter", target, drafter=drafter), eos_token_id=[])
+    ours = spec_decoder(target, build_proposer("drafter", target, drafter=drafter), eos_token_id=[])
     res = ours.generate(LOOP_PROMPTS, max_new_tokens=LOOP_NEW, batch_size=1)
     for i, prompt in enumerate(LOOP_PROMPTS):
         theirs = ref.dflash_generate(ref_model, target.hf, torch.tensor([prompt]), LOOP_NEW, None,

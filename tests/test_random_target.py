@@ -9,7 +9,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from dmtp.decode import SpecDecoder, build_proposer
+from dmtp.decode import build_proposer
+from dmtp.families.decoding import spec_decoder
 from dmtp.families.mtp_loading import load_native_mtp
 from dmtp.models.target import TargetModel
 from dmtp.tiny.random_target import main as random_target_main, plan_shards, write_random_target
@@ -92,7 +93,7 @@ def test_strict_mtp_loader_and_lossless_decoding(written):
     prompts = [torch.randint(5, 2000, (n,), generator=gen).tolist() for n in (7, 12, 4)]
     out = {}
     for method in ("ar", "mtp415"):
-        dec = SpecDecoder(target, build_proposer(method, target, mtp=mtp), eos_token_id=eos)
+        dec = spec_decoder(target, build_proposer(method, target, mtp=mtp), eos_token_id=eos)
         out[method] = dec.generate(prompts, max_new_tokens=12, batch_size=2).tokens
     assert out["mtp415"] == out["ar"]
     assert all(len(t) == 12 and eos not in t for t in out["ar"])   # the zero EOS row: whole budget

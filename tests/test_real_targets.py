@@ -19,7 +19,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dmtp.configs import compose_config, compose_train
-from dmtp.decode.loop import SpecDecoder, build_proposer
+from dmtp.decode.loop import build_proposer
+from dmtp.families.decoding import spec_decoder
 from dmtp.drafters.block_drafter import fresh_drafter_for, load_block_drafter
 from scripted_proposer import ScriptedProposer
 from dmtp.families.catalogue import make_target_runner
@@ -230,7 +231,7 @@ def test_hybrid_target_is_exact_with_rejections(hybrid_target, method):
         if method == "drafter":
             drafter = fresh_drafter_for(target, "dual_anchor_zero_init", mask_token_id=3, perturb=0.5)
         proposer = build_proposer(method, target, mtp=mtp, drafter=drafter)
-    result = SpecDecoder(target, proposer, eos_token_id=None).generate(prompts, max_new_tokens=new)
+    result = spec_decoder(target, proposer, eos_token_id=None).generate(prompts, max_new_tokens=new)
     assert result.tokens == refs
     if method == "scripted":
         for per_request in result.accepted:

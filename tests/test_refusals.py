@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from cli_runner import infer_cli
-from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
+from dmtp.decode import SamplingConfig, build_proposer
+from dmtp.families.decoding import spec_decoder
 from dmtp.drafters.block_drafter import fresh_drafter_for, load_block_drafter
 from dmtp.models.target import load_tokenizer
 
@@ -29,7 +30,7 @@ def test_a_vanishing_temperature_decodes_as_greedy(micro_target, micro_mtp, micr
     softmax gave NaN, and every token came out as the last vocabulary id."""
     tok = load_tokenizer(micro_target_dir)
     prompt = tok("def add(a, b):\n    return a", add_special_tokens=False)["input_ids"]
-    dec = SpecDecoder(micro_target, build_proposer("mtp415", micro_target, mtp=micro_mtp), eos_token_id=[])
+    dec = spec_decoder(micro_target, build_proposer("mtp415", micro_target, mtp=micro_mtp), eos_token_id=[])
     greedy = dec.generate([prompt], max_new_tokens=10).tokens
     tiny = dec.generate([prompt], max_new_tokens=10, seed=1,
                         sampling=SamplingConfig(temperature=temperature, verification=verification)).tokens

@@ -110,7 +110,7 @@ def test_training_on_regenerated_data(tmp_path, monkeypatch, capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1] == f"[dmtp] decode with it: python -m dmtp.infer drafter={summary['drafter']}"
     header = next(i for i, line in enumerate(lines) if line.startswith("domain "))
-    assert lines[header - 1].startswith("final validation walk, dual_anchor_zero_init at step 4")
+    assert lines[header - 1].startswith("final validation walk, dual_anchor_zero_init+mtp_correction at step 4")
     assert [line.split()[0] for line in lines[header + 2:-1]] == ["code", "math", "prose"]
     assert "mtp415 tau" in lines[header] and "mtp415: the target's MTP chained alone" in lines[header - 1]
     record = json.loads((tmp_path / "run" / "metrics.json").read_text())
@@ -231,7 +231,8 @@ def test_a_rank_waiting_for_its_own_runs_other_rank_does_not_call_it_another_run
     import os
     import threading
 
-    from dmtp.training.regenerate import _cache_lock
+    from dmtp.training.regenerate import _waiting_notice
+    from dmtp.training.shard_cache import shard_lock
 
     for env in ({"MASTER_PORT": "29555"}, {"MASTER_PORT": "29556"}):
         monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
@@ -240,7 +241,7 @@ def test_a_rank_waiting_for_its_own_runs_other_rank_does_not_call_it_another_run
         held, release = threading.Event(), threading.Event()
 
         def hold():
-            with _cache_lock(tmp_path):
+            with shard_lock(tmp_path, 0):
                 held.set()
                 release.wait(30)
 
@@ -250,7 +251,7 @@ def test_a_rank_waiting_for_its_own_runs_other_rank_does_not_call_it_another_run
         for key, value in env.items():   # the waiter's own rendezvous
             monkeypatch.setenv(key, value)
         threading.Timer(0.3, release.set).start()
-        with _cache_lock(tmp_path):
+        with shard_lock(tmp_path, 0, _waiting_notice(tmp_path)):
             pass
         holder.join()
         who = f"this run's rank (pid {os.getpid()})" if env["MASTER_PORT"] == "29555" else \

@@ -134,7 +134,7 @@ def test_the_decode_state_the_data_module_and_the_lightning_module_are_built_fro
 
     from dmtp.decode.state import DecodeState, ProposerReads, StateSize, TargetWidths
     from dmtp.training.datamodule import DraftDataModule
-    from dmtp.training.data_options import LoaderOptions, RegenOptions, SourceOptions, ValidationOptions
+    from dmtp.training.data_options import FeatureOptions, LoaderOptions, RegenOptions, SourceOptions, ValidationOptions
 
     def params(cls):
         return list(inspect.signature(cls.__init__).parameters)[1:]
@@ -142,9 +142,9 @@ def test_the_decode_state_the_data_module_and_the_lightning_module_are_built_fro
     assert params(DecodeState)[:3] == ["size", "widths", "reads"] and len(params(DecodeState)) <= 6
     assert inspect.signature(DecodeState.__init__).parameters["size"].annotation == "StateSize"
     for record in (StateSize, TargetWidths, ProposerReads, SourceOptions, RegenOptions, ValidationOptions,
-                   LoaderOptions):
+                   LoaderOptions, FeatureOptions):
         assert len(inspect.signature(record).parameters) <= 12, record.__name__
-    assert params(DraftDataModule) == ["tokenizer", "target", "source", "regen", "val", "loader", "seed"]
+    assert params(DraftDataModule) == ["tokenizer", "target", "source", "regen", "val", "loader", "features", "seed"]
     from dmtp.training.module import DMTPModule
     from dmtp.training.module_options import FLAT_KEYS, RECORDS
 

@@ -10,7 +10,8 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3_5ForCausalLM
 
 from dmtp.configs import compose_train
-from dmtp.decode.loop import SpecDecoder, build_proposer
+from dmtp.decode.loop import build_proposer
+from dmtp.families.decoding import spec_decoder
 from dmtp.drafters.block_drafter import fresh_drafter_for, load_block_drafter
 from dmtp.families.catalogue import make_target_runner
 from dmtp.families.hybrid import HybridTargetRunner, Qwen35MTPBlock
@@ -105,7 +106,7 @@ def test_greedy_decoding_equals_transformers_cached_generate(micro_hybrid_dir, h
     if method == "drafter":
         drafter = fresh_drafter_for(target, "dual_anchor_zero_init", tokenizer.mask_token_id, perturb=0.5)
     proposer = build_proposer(method, target, mtp=mtp, drafter=drafter)
-    result = SpecDecoder(target, proposer, eos_token_id=[]).generate(prompts, max_new_tokens=new)
+    result = spec_decoder(target, proposer, eos_token_id=[]).generate(prompts, max_new_tokens=new)
     assert result.tokens == refs
     if method == "mtp415":   # the pretrained MTP gets drafts both accepted and rejected: rollback is exercised
         rounds = [a for per_request in result.accepted for a in per_request[:-1]]

@@ -4,7 +4,8 @@ import torch
 
 from dmtp.configs import compose_train
 from dmtp.data.corpora import documents
-from dmtp.decode import SpecDecoder, build_proposer
+from dmtp.decode import build_proposer
+from dmtp.families.decoding import spec_decoder
 from dmtp.drafters.block_drafter import fresh_drafter_for
 from dmtp.models.target import load_tokenizer
 from dmtp.training.blocks import teacher_features
@@ -30,7 +31,7 @@ def test_walk_equals_loop(micro_target_dir, micro_target, micro_mtp, name, optio
             prompts.append(tok(doc.text, add_special_tokens=False)["input_ids"][:24])
     drafter = fresh_drafter_for(micro_target, name, 3, perturb=0.05, **options)
     proposer = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter)
-    res = SpecDecoder(micro_target, proposer, eos_token_id=None).generate(prompts, max_new_tokens=MAX_NEW, batch_size=3)
+    res = spec_decoder(micro_target, proposer, eos_token_id=None).generate(prompts, max_new_tokens=MAX_NEW, batch_size=3)
     total_loop = total_walk = 0
     for prompt, tokens, accepted in zip(prompts, res.tokens, res.accepted):
         # The loop's output is the target's greedy continuation (lossless). Candidates compared past
@@ -64,7 +65,7 @@ def test_mtp_chain_walk_equals_the_mtp_chain_loop(micro_target_dir, micro_target
     prompts = [tok(doc.text, add_special_tokens=False)["input_ids"][:24]
                for domain in ("math", "code", "prose") for doc in documents(domain, "test")[:2]]
     method = "mtp415" if steps == 4 else f"mtp:{steps}"
-    res = SpecDecoder(micro_target, build_proposer(method, micro_target, mtp=micro_mtp), eos_token_id=None).generate(
+    res = spec_decoder(micro_target, build_proposer(method, micro_target, mtp=micro_mtp), eos_token_id=None).generate(
         prompts, max_new_tokens=MAX_NEW, batch_size=3)
     assert any(a > 1 for r in res.accepted for a in r)   # the chain's later tokens are accepted too
     drafter = make_drafter(micro_target, "dual_anchor_zero_init")

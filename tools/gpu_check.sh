@@ -33,6 +33,9 @@
 #            rs_train   realsize_train: tools/bench_block_attention.py (the drafter's training attention, dense
 #                       mask vs groups of blocks), then tools/bench_train_scale.py, 20 FSDP training steps at 8B
 #                       shapes for DMTP and raw DFlash (~3-4 min by estimate: its own call, GPU_CHECK_STEPS="realsize_train")
+#            rs_data    in realsize_train's call, after it: tools/bench_data.py --target at 8B shapes: the feature
+#                       cache's capture (bf16, fp8: bytes/s, B/token) of 16 rows x 2048 tokens, and training steps/s
+#                       fed by the bf16 cache vs by the target's forward (bf16-mixed, 5-layer drafter, 512 anchors)
 #            Knobs: GPU_REALSIZE_DIR (/dev/shm/dmtp_realsize), GPU_REALSIZE_SHAPE_ARGS (extra
 #            dmtp.tiny.random_target options, e.g. "--tiny" for a CPU rehearsal), GPU_REALSIZE_CONTEXTS
 #            ("256 2048 8192"), GPU_REALSIZE_BATCHES ("1 8 32").
@@ -261,7 +264,15 @@ realsize_train() {
 }
 
 export -f install probe build_target gpu_tests bench_decode bench_trained bench_peer pip_offline
-export -f rs_target rs_table rs_peer rs_context rs_kernels rs_attention realsize_train
+# rs_data: capture and cache-fed training at 8B shapes (tools/bench_data.py; its caches in a temporary DMTP_HOME
+# under /tmp: ~1.6 GB of bf16 features for 32k tokens).
+RS_DATA_LIMIT=${GPU_REALSIZE_DATA_LIMIT:-100}
+rs_data() {
+    "$PY" tools/bench_data.py --target "$RS_DIR" --device cuda --skip-regen --rows 16 --seq-len 2048 --batch 2 \
+        --steps 10 --out "$work/bench_data.json"
+}
+
+export -f rs_target rs_table rs_peer rs_context rs_kernels rs_attention realsize_train rs_data
 export PY WHEELS work out RS_DIR RS_SHAPE_ARGS RS_CONTEXTS RS_BATCHES RS_DRAFTER RS_TRAIN_ARGS
 
 # The limits add up to 500 s (under the 540 s call): install 60, probe 40, target 45, tests 170,
@@ -299,7 +310,9 @@ if wants realsize || wants realsize_train; then
             step rs_table 110 rs_table; step rs_peer 100 rs_peer; step rs_context 110 rs_context
             step rs_kernels 70 rs_kernels; step rs_attention 50 rs_attention
         fi
-        if wants realsize_train; then step rs_train "$RS_TRAIN_LIMIT" realsize_train; fi; }; } >"$out/realsize.txt" 2>&1
+        if wants realsize_train; then
+            step rs_train "$RS_TRAIN_LIMIT" realsize_train; step rs_data "$RS_DATA_LIMIT" rs_data
+        fi; }; } >"$out/realsize.txt" 2>&1
     # The console gets the tables but not the kernel lists (they are in realsize.txt): the call's tail is 12k characters.
     quiet <"$out/realsize.txt" | awk '/^kernels of/{skip=1} skip&&/^\| total/{skip=0; next} !skip' \
         | grep -vE "^report written|^\[random_target\] model-|Loading weights|USDT|profiler_st|gpuGetDeviceCount" | tail -120

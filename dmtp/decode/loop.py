@@ -18,9 +18,10 @@ picks the span bucket: captured rounds attend the first `span` cache slots, see 
 
 Python::
 
-    from dmtp.decode import SpecDecoder, SamplingConfig, build_proposer
+    from dmtp.decode import SamplingConfig, build_proposer
+    from dmtp.families.decoding import spec_decoder      # the loop on the target's runner (families' catalogue)
     proposer = build_proposer("drafter", target, mtp=mtp, drafter=drafter)   # a BlockDrafter (backbone + injection)
-    dec = SpecDecoder(target, proposer, eos_token_id=tok.eos_token_id)
+    dec = spec_decoder(target, proposer, eos_token_id=tok.eos_token_id)
     res = dec.generate(prompts, max_new_tokens=64, batch_size=8)        # greedy
     res.tokens        # per request: output ids (first = prefill token; ends at EOS or the budget)
     res.accepted      # per request, per round: committed accepted candidates (0..K)
@@ -44,8 +45,7 @@ from dmtp.decode.state import DecodeState, ProposerReads, StateSize, TargetWidth
 from dmtp.decode.stage_timer import StageTimer
 from dmtp.decode.verify import (accept_block_verification, accept_rejection_sampling, accept_target_only,
                                 probs_from_logits, sample_tokens)
-from dmtp.drafters.dflash import BLOCK_SIZE_RANGE
-from dmtp.families.catalogue import make_target_runner
+from dmtp.models.block_size import BLOCK_SIZE_RANGE
 
 # The device-side acceptance rule of each mode that verifies drafts sampled from the proposers' q.
 _ACCEPT_WITH_DRAFT_PROBS = {"rejection": accept_rejection_sampling, "block": accept_block_verification}
@@ -115,6 +115,8 @@ SPAN_STEP = 32
 class SpecDecoder:
     """One decoding loop over a target runner and a proposer (see module docstring).
 
+    runner: the target's runtime (`dmtp.decode.runners`), chosen by the caller: `dmtp.families.decoding.
+    spec_decoder` takes the first family runner that drives the target, as `runner=auto` does.
     cuda_graphs: on a CUDA device, capture each round's stages per batch bucket (`graphs.py`) and
     replay them; ignored elsewhere. compile: where no graphs run (CPU), `torch.compile` the round's
     stages as one program per batch bucket (`compiled.py`; True = inductor, or the name of another torch.compile backend,
@@ -130,17 +132,14 @@ class SpecDecoder:
     256-rounded slack, and the budget not yet decoded), ~10% of a batch-32 round at short contexts."""
 
     def __init__(self, target, proposer: Proposer, eos_token_id: int | Sequence[int] | None = None, *,
-                 runner: str | TargetRunner = "auto", attention: str = "auto", cuda_graphs: bool = False,
+                 runner: TargetRunner, cuda_graphs: bool = False,
                  compile: bool | str = False, batch_buckets: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128),
                  warmup_rounds: int = 2, poll_every: int | None = None, time_stages: bool = True,
                  graph_granularity: str = "stage", graph_span_step: int | None = 256):
         self.target = target
         self.proposer = proposer
-        if isinstance(runner, TargetRunner):
-            runner.set_features(proposer.layer_ids)
-            self.runner = runner
-        else:
-            self.runner = make_target_runner(target, proposer.layer_ids, kind=runner, attention=attention)
+        runner.set_features(proposer.layer_ids)   # chosen by the caller (dmtp.families.decoding.spec_decoder)
+        self.runner = runner
         if eos_token_id is None:
             eos_token_id = getattr(target.config, "eos_token_id", None)
         if eos_token_id is None:

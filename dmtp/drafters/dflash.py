@@ -42,26 +42,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from dmtp.drafters.registry import DFLASH_ARCH, architecture_of_names, register_drafter
+from dmtp.models.block_size import BLOCK_SIZE_RANGE, require_block_size   # noqa: F401 - also read from here
 from dmtp.models.qwen3 import (KVCache, Qwen3DecoderLayer, RMSNorm, additive_mask, attend, init_linear_,
                                rope_cos_sin, rope_inv_freq)
 from dmtp.models.rope_config import DEFAULT_ROPE_THETA, rope_theta
 from dmtp.models.temperature import scale_logits
 
 FULL, SLIDING = "full_attention", "sliding_attention"
-
-
-# The block widths the code honours: B = 2 (one candidate) up to 32 slots (K = B - 1 candidates verified
-# per round). The width itself is each drafter's `block_size` (its config and checkpoint), never a constant.
-BLOCK_SIZE_RANGE = (2, 32)
-
-
-def require_block_size(value, what: str = "block_size") -> int:
-    """`value` as the block width, or one line saying why the code cannot honour it."""
-    low, high = BLOCK_SIZE_RANGE
-    if type(value) is not int or not low <= value <= high:
-        raise ValueError(f"{what} must be an integer in {low}..{high} (the verified block: A and {low - 1}.."
-                         f"{high - 1} candidates), got {value!r}")
-    return value
 
 
 @dataclass

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from dmtp.decode.loop import SpecDecoder
 from dmtp.engines.base import DecoderRequest, Engine
-from dmtp.inference.setup import build_decoder   # the one way a loop decoder is built (tests/test_one_setup_loader.py)
+from dmtp.families.decoding import build_decoder   # the one way a loop decoder is built (tests/test_one_setup_loader.py)
 
 
 def options(cfg) -> dict:

@@ -11,7 +11,8 @@ training job has its target, MTP and drafter in memory and only builds decoders)
 * `load_mtp`: the target's native MTP;
 * `load_drafter`: a trained drafter checked against the target, with the MTP it decodes with (its own
   jointly trained one, else the target's);
-* `build_decoder`: a method (ar | mtp415 | mtp | mtp:<k> | drafter) as a decoder of the one loop.
+* `build_decoder`: a method (ar | mtp415 | mtp | mtp:<k> | drafter) as a decoder of the one loop (defined in
+  dmtp.families.decoding, where the loop meets the families' runners; the engines import it from there).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import torch
 from omegaconf import OmegaConf
 
 from dmtp.configs import CONF_DIR, instantiate
-from dmtp.decode.loop import SpecDecoder, build_proposer
+from dmtp.families.decoding import build_decoder   # re-exported: the loader's decoders (tools, decode-after)
 from dmtp.inference.drafters import load_drafter_for, mtp_for_drafter
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -109,11 +110,3 @@ def drafter_with_mtp(target: LoadedTarget, drafter: LoadedDrafter, native_mtp) -
     if native_mtp is None or not drafter.model.needs_mtp:
         return replace(drafter, mtp=native_mtp)
     return replace(drafter, mtp=mtp_for_drafter(target.model, target.path, drafter.path, native_mtp))
-
-
-def build_decoder(target, method: str, eos_token_id, *, mtp=None, drafter=None, mtp_steps: int = 4,
-                  name: str | None = None, **engine) -> SpecDecoder:
-    """`method` of the one loop on `target` (a TargetModel): ar | mtp415 | mtp | mtp:<k> | drafter (a
-    BlockDrafter). `engine`: the loop's options (runner, attention, cuda_graphs, compile, warmup_rounds)."""
-    proposer = build_proposer(method, target, mtp=mtp, drafter=drafter, mtp_steps=mtp_steps, name=name)
-    return SpecDecoder(target, proposer, eos_token_id=eos_token_id, **engine)

@@ -31,7 +31,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from dmtp.drafters.dflash import require_block_size
+from dmtp.models.block_size import require_block_size
 from dmtp.models.qwen3 import RMSNorm
 
 Embed = Callable[[torch.Tensor], torch.Tensor]

@@ -1,6 +1,6 @@
 """The data module's options as typed records, one per concern (the `RegenSettings` pattern): where the training text
 comes from (`SourceOptions`), whether and how the target rewrites it (`RegenOptions`), the validation walk's
-held-out rows (`ValidationOptions`) and the loader (`LoaderOptions`).
+held-out rows (`ValidationOptions`), the loader (`LoaderOptions`) and the offline feature cache (`FeatureOptions`).
 
 conf/data/*.yaml keeps its flat keys (`data.regen_new_tokens=...`, `data.val_prompts=...`, what users and sweeps
 type); `FLAT_KEYS` is the one table from a flat key to its record and field, read by `data_module`, the Hydra
@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from dmtp.configs import records_from_flat
 from dmtp.data.corpora import DOMAINS
 from dmtp.data.evalsets import EVAL_SETS
+from dmtp.training.feature_spec import FeatureSpec
 from dmtp.training.regenerate import RegenSettings
 
 SOURCES = ("embedded", "files", "hf")
@@ -61,7 +62,8 @@ class SourceOptions:
 class RegenOptions:
     """`enabled`: the target writes the responses (DFlash/SpecForge recipe): `sequences` prompts of `prompt_len`
     tokens, `new_tokens` each, greedy at temperature 0 else sampled; written `batch_size` at a time by `engine`
-    (dmtp's loop or vLLM, with vLLM's own `engine_args`)."""
+    (dmtp's loop or vLLM, with vLLM's own `engine_args`), `shard_size` prompts per cache shard (the unit a
+    worker writes, and all a killed one loses)."""
     enabled: bool = False
     prompt_len: int = 64
     new_tokens: int = 192
@@ -72,6 +74,7 @@ class RegenOptions:
     batch_size: int = 64
     engine: str = "dmtp"
     engine_args: dict = field(default_factory=dict)
+    shard_size: int = 1024
 
     def __post_init__(self):
         object.__setattr__(self, "engine_args", dict(_plain(self.engine_args) or {}))
@@ -80,7 +83,7 @@ class RegenOptions:
         """How the target writes (dmtp.training.regenerate), checked there."""
         return RegenSettings(new_tokens=self.new_tokens, temperature=self.temperature, top_k=self.top_k,
                              top_p=self.top_p, seed=seed, batch_size=self.batch_size, engine=self.engine,
-                             engine_args=self.engine_args)
+                             engine_args=self.engine_args, shard_size=self.shard_size)
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,38 @@ class LoaderOptions:
     num_workers: int = 0
 
 
+@dataclass(frozen=True)
+class FeatureOptions:
+    """`enabled`: train from the offline feature cache of the same rows (captured by `python -m dmtp.prepare
+    step=capture`), the target's decoder never loaded. What the cache stores (dmtp.training.feature_spec):
+    `codec` (fp32 | bf16 | fp16 | fp8 | lowrank with `rank` / `mtp_rank`), the MTP's hidden, the last hidden,
+    the labels (`labels`: none | greedy | topk with `top_k`); `shard_rows` rows per shard, captured
+    `batch_size` rows at a time."""
+    enabled: bool = False
+    codec: str = "bf16"
+    rank: int | None = None
+    mtp_rank: int | None = None
+    mtp_hidden: bool = True
+    last_hidden: bool = False
+    labels: str = "greedy"
+    top_k: int = 32
+    shard_rows: int = 64
+    batch_size: int = 8
+
+    def __post_init__(self):
+        for name in ("shard_rows", "batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"data.feature_{name} must be an integer >= 1, got {value!r}")
+        self.spec((0,), "float32")   # the spec's own checks (codec, rank, labels), answered at build time
+
+    def spec(self, layer_ids, dtype: str) -> FeatureSpec:
+        """What the cache of a drafter tapping `layer_ids` of a target in `dtype` stores."""
+        return FeatureSpec(tuple(layer_ids), codec=self.codec, rank=self.rank, mtp_rank=self.mtp_rank,
+                           mtp_hidden=self.mtp_hidden, last_hidden=self.last_hidden, labels=self.labels,
+                           top_k=self.top_k, dtype=dtype)
+
+
 def validation_sets(val_sets) -> dict[str, str]:
     """data.val_sets: {eval-set name: path} (dmtp.data.evalsets' names), or nothing."""
     sets = _plain(val_sets)
@@ -127,11 +162,15 @@ FLAT_KEYS: dict[str, tuple[str, str]] = {
                                   "max_examples")},
     "regenerate": ("regen", "enabled"), "vllm_engine_args": ("regen", "engine_args"),
     **{f"regen_{k}": ("regen", k) for k in ("prompt_len", "new_tokens", "sequences", "temperature", "top_k",
-                                            "top_p", "batch_size", "engine")},
+                                            "top_p", "batch_size", "engine", "shard_size")},
     **{f"val_{k}": ("val", k) for k in ("domains", "prompts", "prompt_len", "new_tokens", "sets")},
     **{k: ("loader", k) for k in ("seq_len", "batch_size", "num_workers")},
+    "features": ("features", "enabled"),
+    **{f"feature_{k}": ("features", k) for k in ("codec", "rank", "mtp_rank", "mtp_hidden", "last_hidden", "labels",
+                                                 "top_k", "shard_rows", "batch_size")},
 }
-RECORDS = {"source": SourceOptions, "regen": RegenOptions, "val": ValidationOptions, "loader": LoaderOptions}
+RECORDS = {"source": SourceOptions, "regen": RegenOptions, "val": ValidationOptions, "loader": LoaderOptions,
+           "features": FeatureOptions}
 
 
 def grouped(flat: dict) -> dict[str, object]:

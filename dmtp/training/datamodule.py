@@ -4,11 +4,16 @@
 Every training example is a fixed-length row {input_ids, loss_mask}. Validation rows are held-out
 prompts of each embedded domain followed by the target's own greedy continuation (generated once,
 cached), which is what makes `val/<domain>/tau` an exact acceptance figure.
+
+With `data.features=true` each row also carries its features from the offline feature cache
+(dmtp.training.feature_cache: the same rows, captured by `python -m dmtp.prepare step=capture`), and the
+regeneration cache must be complete: the target's decoder is not loaded to fill it.
 """
 from __future__ import annotations
 
 import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
@@ -20,7 +25,10 @@ from dmtp.data.corpora import texts
 from dmtp.data.evalsets import build_turn_prompts, load_eval_set
 from dmtp.data.prompts import held_out_prompts
 from dmtp.data.records import encode_record
-from dmtp.training.data_options import LoaderOptions, RegenOptions, SourceOptions, ValidationOptions, grouped
+from dmtp.training.data_options import (FeatureOptions, LoaderOptions, RegenOptions, SourceOptions, ValidationOptions,
+                                        grouped)
+from dmtp.training.feature_cache import FeatureCache
+from dmtp.training.feature_spec import FeatureSpec
 from dmtp.training.regenerate import RegenSettings, regenerate
 from dmtp.training.sampler import ResumableLoader, ResumableSampler
 
@@ -30,24 +38,40 @@ def _split_evenly(total: int, parts: int) -> list[int]:
 
 
 class Rows(Dataset):
-    """`with_index`: each row also carries its index in the set (training: its anchors are drawn from it)."""
+    """`with_index`: each row also carries its index in the set (training: its anchors are drawn from it);
+    `features`: its cached features too, under "features" (data.features)."""
 
-    def __init__(self, rows: list[dict], with_index: bool = False):
-        self.rows, self.with_index = rows, with_index
+    def __init__(self, rows: list[dict], with_index: bool = False, features: FeatureCache | None = None):
+        self.rows, self.with_index, self.features = rows, with_index, features
 
     def __len__(self):
         return len(self.rows)
 
     def __getitem__(self, i):
-        return {**self.rows[i], "index": i} if self.with_index else self.rows[i]
+        row = {**self.rows[i], "index": i} if self.with_index else self.rows[i]
+        return row if self.features is None else {**row, "features": self.features[i]}
 
 
 def _collate(rows: list[dict]) -> dict:
     out = {}
     for key in rows[0]:
         values = [r[key] for r in rows]
-        out[key] = values if isinstance(values[0], str) else torch.tensor(values)
+        if isinstance(values[0], dict):
+            out[key] = _collate(values)
+        elif isinstance(values[0], torch.Tensor):
+            out[key] = torch.stack(values)
+        else:
+            out[key] = values if isinstance(values[0], str) else torch.tensor(values)
     return out
+
+
+@dataclass
+class RegenRequest:
+    """One regeneration the data needs: `prompts` written with `settings` (the training rows, or a held-out set)."""
+    name: str
+    prompts: list[list[int]]
+    settings: RegenSettings
+    progress: bool
 
 
 def pack(examples: list[tuple[list[int], list[int]]], seq_len: int, eos: int) -> list[dict]:
@@ -116,12 +140,17 @@ def data_module(tokenizer, target, seed: int = 0, **options) -> "DraftDataModule
 
 class DraftDataModule(L.LightningDataModule):
     def __init__(self, tokenizer, target, source: SourceOptions = SourceOptions(), regen: RegenOptions = RegenOptions(),
-                 val: ValidationOptions = ValidationOptions(), loader: LoaderOptions = LoaderOptions(), seed: int = 0):
+                 val: ValidationOptions = ValidationOptions(), loader: LoaderOptions = LoaderOptions(),
+                 features: FeatureOptions = FeatureOptions(), seed: int = 0):
         super().__init__()
         self.tokenizer, self.target = tokenizer, target
         self.source, self.regen, self.val, self.loader, self.seed = source, regen, val, loader, seed
+        self.features = features
+        self.feature_spec: FeatureSpec | None = None   # set by `use_features` (data.features)
         self.train_rows: list[dict] | None = None
         self.val_rows: dict[str, list[dict]] = {}   # domain or eval-set name -> held-out rows
+        self.train_features: FeatureCache | None = None
+        self.val_features: dict[str, FeatureCache] = {}
 
     @property
     def eos(self) -> int:
@@ -141,18 +170,41 @@ class DraftDataModule(L.LightningDataModule):
                                src.hf_split, src.hf_config, src.max_examples)
         return [encode_record(self.tokenizer, r, src.text_key) for r in records]
 
+    def _regen_prompts(self) -> list[list[int]]:
+        prompts: list[list[int]] = []
+        per_domain = _split_evenly(self.regen.sequences, len(self.source.domains))
+        for domain, count in zip(self.source.domains, per_domain):
+            prompts.extend(held_out_prompts(self.tokenizer, domain, "train", count, self.regen.prompt_len))
+        # No shuffle here: the sampler shuffles rows per seed, and a fixed prompt order lets every seed
+        # (and every variant) share one cached regeneration.
+        return prompts
+
+    def regen_requests(self) -> list[RegenRequest]:
+        """Every regeneration this data needs (the training rows' when `regenerate`, each held-out set's), for
+        the workers of `python -m dmtp.prepare step=regen` to share out."""
+        out = [RegenRequest("training rows", self._regen_prompts(), self.regen.settings(self.seed), True)] \
+            if self.regen.enabled else []
+        held_out = RegenSettings(new_tokens=self.val.new_tokens)
+        out += [RegenRequest(f"held-out {d}", held_out_prompts(self.tokenizer, d, "validation", self.val.prompts,
+                                                               self.val.prompt_len), held_out, False)
+                for d in self.val.domains]
+        out += [RegenRequest(f"held-out {name}", self._file_prompts(name, path), held_out, False)
+                for name, path in self.val.sets.items()]
+        return out
+
+    def _regenerate(self, prompts, settings: RegenSettings, progress: bool = True) -> list[list[int]]:
+        """The target's responses (dmtp.training.regenerate); from cached features, only read back: the target's
+        decoder is not loaded to write a missing shard."""
+        return regenerate(self.target, prompts, settings, eos_token_id=self.eos, progress=progress,
+                          decode_missing=not self.features.enabled)
+
     def _regenerated_rows(self) -> list[dict]:
         """DFlash/SpecForge recipe: the target writes the responses (`dmtp.training.regenerate`, the project's
         own batched decoding, cached and resumable) to prompts taken at paragraph starts spread over the
         training split of each domain; the loss covers the response only. Labels are its own outputs."""
         p, new = self.regen.prompt_len, self.regen.new_tokens
-        prompts: list[list[int]] = []
-        per_domain = _split_evenly(self.regen.sequences, len(self.source.domains))
-        for domain, count in zip(self.source.domains, per_domain):
-            prompts.extend(held_out_prompts(self.tokenizer, domain, "train", count, p))
-        # No shuffle here: the sampler shuffles rows per seed, and a fixed prompt order lets every seed
-        # (and every variant) share one cached regeneration.
-        conts = regenerate(self.target, prompts, self.regen.settings(self.seed), eos_token_id=self.eos)
+        prompts = self._regen_prompts()
+        conts = self._regenerate(prompts, self.regen.settings(self.seed))
         rows = []
         for prompt, cont in zip(prompts, conts):
             ids = prompt + cont + [self.eos] * (new - len(cont))
@@ -168,7 +220,7 @@ class DraftDataModule(L.LightningDataModule):
         p, new = self.val.prompt_len, self.val.new_tokens
         if prompts is None:
             prompts = held_out_prompts(self.tokenizer, domain, "validation", self.val.prompts, p)
-        conts = regenerate(self.target, prompts, RegenSettings(new_tokens=new), eos_token_id=self.eos, progress=False)
+        conts = self._regenerate(prompts, RegenSettings(new_tokens=new), progress=False)
         rows = []
         for prompt, cont in zip(prompts, conts):
             n = len(prompt)
@@ -202,15 +254,38 @@ class DraftDataModule(L.LightningDataModule):
             rows.update({name: self._val_rows(name, self._file_prompts(name, path))
                          for name, path in self.val.sets.items()})
             self.val_rows = {d: r for d, r in rows.items() if r}
+        if self.features.enabled and self.train_features is None:
+            self._open_features()
+
+    # -- the offline feature cache (data.features) --------------------------------------------------
+    def use_features(self, spec: FeatureSpec) -> None:
+        """Read each row's features from the cache of `spec` (what the run's drafter and loss read)."""
+        self.feature_spec = spec
+
+    def _open_features(self) -> None:
+        if self.feature_spec is None:
+            raise ValueError("data.features=true: the feature spec was not set (DraftDataModule.use_features)")
+        opts = self.features
+        self.train_features = FeatureCache(self.target, self.train_rows, self.feature_spec, opts.shard_rows)
+        self.val_features = {d: FeatureCache(self.target, rows, self.feature_spec.held_out(), opts.shard_rows)
+                             for d, rows in self.val_rows.items()}
+
+    def feature_jobs(self, spec: FeatureSpec) -> list[tuple[str, list[dict], FeatureSpec]]:
+        """(what, rows, spec) of every feature cache this data needs: the training rows' and each held-out
+        set's (at the target's own precision); `setup` must have run."""
+        return [("training rows", self.train_rows, spec)] + [(f"held-out {d}", rows, spec.held_out())
+                                                             for d, rows in self.val_rows.items()]
 
     def train_dataloader(self):
         # The order depends on (seed, epoch) only and resumes mid-epoch (dmtp.training.sampler).
         trainer = self.trainer
         sampler = ResumableSampler(Rows(self.train_rows), seed=self.seed, num_replicas=trainer.world_size if trainer else 1,
                                    rank=trainer.global_rank if trainer else 0)
-        return ResumableLoader(Rows(self.train_rows, with_index=True), sampler=sampler, batch_size=self.loader.batch_size,
+        return ResumableLoader(Rows(self.train_rows, with_index=True, features=self.train_features), sampler=sampler,
+                               batch_size=self.loader.batch_size,
                                drop_last=len(self.train_rows) >= self.loader.batch_size, collate_fn=_collate,
                                num_workers=self.loader.num_workers)
 
     def val_dataloader(self):
-        return [DataLoader(Rows(rows), batch_size=len(rows), collate_fn=_collate) for rows in self.val_rows.values()]
+        return [DataLoader(Rows(rows, features=self.val_features.get(d)), batch_size=len(rows), collate_fn=_collate)
+                for d, rows in self.val_rows.items()]

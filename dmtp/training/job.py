@@ -11,7 +11,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from dmtp.atomic_io import write_json
 from dmtp.drafters.block_drafter import BlockDrafter
@@ -24,6 +24,9 @@ from dmtp.models.model_card import set_card_section
 from dmtp.run_records import created_by_this_command, write_hydra_record
 from dmtp.families.mtp_loading import MTPLoadError, load_native_mtp
 from dmtp.models.target import load_tokenizer
+from dmtp.models.target_head import TargetHead
+from dmtp.tiny.targets import ensure_tiny_target
+from dmtp.training.feature_spec import FeatureSpec
 from dmtp.training.guards import FiniteGuard
 from dmtp.training.progress import ProgressLines, step_progress_bar, stdout_is_terminal
 from dmtp.training.checkpoint_io import checkpoint_io_for
@@ -38,9 +41,63 @@ from dmtp.reports.walk import walk_table
 
 
 def build_components(cfg: DictConfig):
-    """Everything `fit` needs, from the composed config (also used by tests and sweeps)."""
-    target = instantiate(cfg.target, device=target_device(cfg))
+    """Everything `fit` needs, from the composed config (also used by tests and sweeps). With `data.features`
+    the target's decoder is never loaded: its embedding and LM head only (`feature_target`), the features of
+    every row coming from the offline cache (dmtp.training.feature_cache)."""
+    features = uses_feature_cache(cfg)
+    target = feature_target(cfg) if features else instantiate(cfg.target, device=target_device(cfg))
     tokenizer = load_tokenizer(target.path)
+    drafter = build_drafter(cfg, target, tokenizer)
+    mtp = load_mtp(target, drafter) if drafter.needs_mtp else None
+    data = instantiate(cfg.data)(tokenizer=tokenizer, target=target)
+    module = instantiate(cfg.model)(target=target, mtp=mtp, drafter=drafter)
+    if features:
+        spec = feature_spec_of(data, drafter, target)
+        require_serves(spec, module)
+        data.use_features(spec)
+    return target, tokenizer, data, module
+
+
+def uses_feature_cache(cfg: DictConfig) -> bool:
+    return bool(cfg.data.get("features"))
+
+
+def feature_target(cfg: DictConfig) -> TargetHead:
+    """The target as training from cached features reads it: its embedding and LM head (conf/target's path or
+    embedded preset, dtype and device)."""
+    node = cfg.target
+    path = node.get("path") or str(ensure_tiny_target(node.get("preset") or "tiny"))
+    return TargetHead.from_pretrained(path, dtype=getattr(torch, str(node.get("dtype") or "float32")),
+                                      device=target_device(cfg), trust_remote_code=bool(node.get("trust_remote_code")))
+
+
+def feature_spec_of(data, drafter: BlockDrafter, target) -> FeatureSpec:
+    """What the feature cache of this run holds: the data's feature options at the drafter's taps, in the
+    target's dtype (the capture and the training run compute it alike, so they find the same cache)."""
+    return data.features.spec(drafter.layer_ids, str(target.dtype).removeprefix("torch."))
+
+
+def require_serves(spec: FeatureSpec, module) -> None:
+    """One line when the cache of `spec` lacks something this run's drafter or loss reads (the option to set)."""
+    inj = module.drafter.injection
+    need = []
+    if module.drafter.needs_mtp and not spec.mtp_hidden:
+        need.append(f"data.feature_mtp_hidden=true (injection={module.drafter.variant} reads the MTP's hidden)")
+    if (inj.uses_mtp and inj.max_mtp_tokens > 1 or module.train_mtp) and not spec.last_hidden:
+        need.append("data.feature_last_hidden=true (the MTP's chain or its training reads the target's last hidden)")
+    if module.label_source == "target" and spec.labels == "none":
+        need.append("data.feature_labels=greedy (model.label_source=target reads the target's greedy tokens)")
+    if (module.label_source == "target_kl" or module.loss_mix[1]) and spec.labels != "topk":
+        need.append("data.feature_labels=topk (a KL or TV loss reads the target's distribution)")
+    if need:
+        raise ValueError("the feature cache of this run would not hold what it trains on: set " + "; ".join(need))
+
+
+def build_drafter(cfg: DictConfig, target, tokenizer) -> BlockDrafter:
+    """A fresh drafter sized to the target, or `init_from`'s backbone, with the run's injection."""
+    if cfg.drafter.get("init_from_target_layers") and uses_feature_cache(cfg):
+        raise ValueError("drafter.init_from_target_layers copies the target's decoder layers, which training from "
+                         "cached features (data.features=true) does not load")
     make_injection = instantiate(cfg.injection)
     if cfg.init_from:   # a published (or earlier) drafter's backbone, with this run's injection
         backbone, _, _ = load_drafter(cfg.init_from)
@@ -51,15 +108,15 @@ def build_components(cfg: DictConfig):
     else:
         mask_id = mask_token_id_of(tokenizer, target.config.vocab_size)
         drafter = instantiate(cfg.drafter)(target=target, injection=make_injection, mask_token_id=mask_id)
-    mtp = None
-    if drafter.needs_mtp:
-        try:
-            mtp = load_native_mtp(target.path, target.embed_tokens, target.lm_head)
-        except MTPLoadError as e:
-            raise MTPLoadError(f"injection={drafter.variant} needs the target's MTP: {e}") from None
-    data = instantiate(cfg.data)(tokenizer=tokenizer, target=target)
-    module = instantiate(cfg.model)(target=target, mtp=mtp, drafter=drafter)
-    return target, tokenizer, data, module
+    return drafter
+
+
+def load_mtp(target, drafter: BlockDrafter):
+    """The target's native MTP, for a variant that needs it (one line naming the variant when it is missing)."""
+    try:
+        return load_native_mtp(target.path, target.embed_tokens, target.lm_head)
+    except MTPLoadError as e:
+        raise MTPLoadError(f"injection={drafter.variant} needs the target's MTP: {e}") from None
 
 
 def trainer_uses_cuda(trainer_cfg) -> bool:
@@ -85,6 +142,19 @@ def target_device(cfg: DictConfig) -> str:
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _PRECISION_DTYPES = {"bf16-mixed": "bfloat16", "bf16-true": "bfloat16", "bf16": "bfloat16",
                      "16-mixed": "float16", "16-true": "float16", "16": "float16"}
+
+
+def process_rank(cfg: DictConfig) -> int:
+    """This process's global rank before the trainer exists: its launcher's (RANK from torchrun, SLURM_PROCID),
+    else NODE_RANK x devices per node + LOCAL_RANK: Lightning's own multi-node launch, the same command on every
+    node with NODE_RANK, MASTER_ADDR and MASTER_PORT set (Lightning's rank_zero_only reads no NODE_RANK, so
+    every node would take itself for rank 0 and claim the shared run directory)."""
+    env = os.environ
+    if "RANK" in env or "SLURM_PROCID" in env:
+        return rank_zero_only.rank
+    devices = cfg.trainer.get("devices", 1)
+    per_node = devices if isinstance(devices, int) else len(devices) if isinstance(devices, (list, ListConfig)) else 1
+    return int(env.get("NODE_RANK", 0)) * per_node + int(env.get("LOCAL_RANK", 0))
 
 
 def export_dtype(cfg: DictConfig) -> torch.dtype:
@@ -116,7 +186,12 @@ def flat_metrics(cfg: DictConfig, summary: dict) -> dict:
 
 def check_decode_eval_fits(cfg: DictConfig) -> None:
     """decode_eval decodes on rank 0 alone after the run, through the whole target: refused up front when the
-    target's layers are sharded across the ranks (their all-gathers would wait for ranks that do not decode)."""
+    target's layers are sharded across the ranks (their all-gathers would wait for ranks that do not decode), or
+    not loaded at all (data.features)."""
+    if uses_feature_cache(cfg) and cfg.get("decode_eval") and cfg.decode_eval.enabled:
+        raise ValueError("decode_eval.enabled=true decodes through the whole target, which training from cached "
+                         "features (data.features=true) never loads: decode the export after the run "
+                         "(python -m dmtp.infer drafter=<run dir>/drafter), or set decode_eval.enabled=false")
     strategy = cfg.trainer.get("strategy")
     sharded = isinstance(strategy, DictConfig) and bool(strategy.get("shard_target"))
     if sharded and cfg.get("decode_eval") and cfg.decode_eval.enabled:
@@ -185,7 +260,7 @@ def _train(cfg: DictConfig, callbacks, overrides, record, start: UntilFirstStep)
     check_decode_eval_fits(cfg)
     trainer_uses_cuda(cfg.trainer)
     checked_before_loading(cfg.data)
-    if rank_zero_only.rank == 0:
+    if process_rank(cfg) == 0:
         before = paths_under(output_dir)
         claim_run_dir(output_dir, resuming=resumed_dir is not None)
         start.held(before)

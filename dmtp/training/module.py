@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from dmtp.drafters.block_drafter import BlockDrafter, MTPBlockInputs
 from dmtp.drafters.fit import require_target_fit
+from dmtp.training.cached_features import cached_teacher_features, rows_of
 from dmtp.training.losses import token_loss
 from dmtp.training.blocks import (draft_blocks, mtp_block_inputs, predicted_positions, sample_anchors, teacher_features,
                                   valid_anchors)
@@ -119,13 +120,22 @@ class DMTPModule(L.LightningModule):
         checkpoint["state_dict"] = {current_key(k): v for k, v in checkpoint["state_dict"].items()}
 
     # -- the loss ---------------------------------------------------------------------------------
-    def forward(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, draws=None, step: int | None = None):
+    def forward(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, draws=None, step: int | None = None,
+                cached: dict | None = None):
         """The whole training loss of a batch (`block_loss`): under FSDP the trainable unit is gathered for
         it, and its gradients reduced after its backward, through this call (dmtp.training.fsdp)."""
-        return self.block_loss(input_ids, loss_mask, step=step, draws=draws)
+        return self.block_loss(input_ids, loss_mask, step=step, draws=draws, cached=cached)
+
+    def teacher(self, input_ids: torch.Tensor, cached: dict | None = None):
+        """The batch's teacher features: the target's forward, or the feature cache's (`cached`, data.features)."""
+        if cached is not None:
+            return cached_teacher_features(self.drafter, self.mtp, input_ids, cached, self.drafter.config.vocab_size,
+                                           mtp_grad=self.train_mtp, logits=self.needs_target_logits)
+        return teacher_features(self.target, self.mtp, self.drafter, input_ids, mtp_grad=self.train_mtp,
+                                logits=self.needs_target_logits)
 
     def block_loss(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, generator=None, step: int | None = None,
-                   draws=None):
+                   draws=None, cached: dict | None = None):
         """(loss, per-position accuracy, number of supervised slots). The loss is the position-decayed CE
         plus the drafter's own `auxiliary_loss` (0 for DFlash v1; DFlash2's selector term, scheduled by
         `step`), which is also kept in `self.last_auxiliary_loss`. Random draws (anchors, m) come from
@@ -136,8 +146,7 @@ class DMTPModule(L.LightningModule):
         # here, not for the target's forward (the whole step is then queued on the device without a wait).
         anchors, keep = sample_anchors(valid_anchors(inj, loss_mask), self.num_anchors, draws=draws)
         num = inj.sample_num_mtp(anchors.shape, draws, input_ids.device) if inj.uses_mtp else None
-        feats = teacher_features(self.target, self.mtp, self.drafter, input_ids, mtp_grad=self.train_mtp,
-                                 logits=self.needs_target_logits)
+        feats = self.teacher(input_ids, cached)
         t = input_ids.shape[1]
         mtp_inputs = None
         if inj.uses_mtp:
@@ -257,7 +266,7 @@ class DMTPModule(L.LightningModule):
     def training_step(self, batch, batch_idx):
         # Anchors per row from (seed, step, row index): the same draws at any world size (dmtp.training.draws).
         draws = RowDraws(self.draw_seed, self.global_step, batch["index"])
-        loss, acc, n = self(batch["input_ids"], batch["loss_mask"], draws, self.global_step)
+        loss, acc, n = self(batch["input_ids"], batch["loss_mask"], draws, self.global_step, batch.get("features"))
         bs = batch["input_ids"].shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=bs)
         if self.drafter.auxiliary_loss_name:
@@ -281,7 +290,8 @@ class DMTPModule(L.LightningModule):
     def _validation_step(self, batch, batch_idx) -> None:
         domain = batch["domain"][0] if isinstance(batch["domain"], list) else batch["domain"]
         gen = torch.Generator(device=batch["input_ids"].device).manual_seed(1234 + batch_idx)
-        loss, acc, _ = self.block_loss(batch["input_ids"], batch["loss_mask"], generator=gen, step=self.global_step)
+        loss, acc, _ = self.block_loss(batch["input_ids"], batch["loss_mask"], generator=gen, step=self.global_step,
+                                       cached=batch.get("features"))
         bs = batch["input_ids"].shape[0]
         self.log(f"val/{domain}/loss", loss, batch_size=bs, add_dataloader_idx=False)
         self.log(f"val/{domain}/acc_first", acc[0], batch_size=bs, add_dataloader_idx=False)
@@ -292,7 +302,8 @@ class DMTPModule(L.LightningModule):
             rows, counts = walk_share(bs, trainer.global_rank if trainer else 0, trainer.world_size if trainer else 1)
             ids, prompt_len, length = (batch[k][rows.to(batch[k].device)] for k in ("input_ids", "prompt_len", "length"))
             result = exact_acceptance(self.target, self.mtp, self.drafter, ids, prompt_len, length,
-                                      mtp_chain_steps=self.val_mtp_chain_steps)
+                                      mtp_chain_steps=self.val_mtp_chain_steps,
+                                      cached=rows_of(batch.get("features"), rows))
             self._val_results.setdefault(domain, []).append(result if counts else empty_walk(result))
 
     def on_validation_epoch_end(self) -> None:

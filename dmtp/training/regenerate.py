@@ -16,18 +16,22 @@ uninterrupted one, sampled or greedy. Shards are tensors in safetensors (never p
 The cache is verified, not trusted: each shard is written atomically (dmtp.atomic_io) with the sha256 of
 its tensors in its metadata, and a shard read back must match it, have the expected shape and hold only
 ids of the target's vocabulary; a damaged one (changed, truncated, garbled) is named in one line and
-decoded again, never trained on. Runs sharing a cache take turns on its lock file: a second run started
-beside the first waits, then reads what the first wrote, instead of decoding everything twice.
+decoded again, never trained on. Each shard has its own lock file (dmtp.training.shard_cache): a run that
+finds a shard being written waits, then reads what the other wrote, instead of decoding it twice.
+
+Many workers: `write_share(..., Share(W, i))` decodes only worker i's shards (i, i + W, ...), so W
+processes, GPUs or nodes sharing the cache directory write it together (`python -m dmtp.prepare
+step=regen workers=W worker=i`), each resumable on its own; the tokens are those of one worker, shard by
+shard (each shard's seed is its own). `regen_manifest` verifies a finished cache and writes its manifest
+(the merge step); the trainer's `regenerate` reads every shard and decodes any still missing.
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -37,6 +41,7 @@ from safetensors import safe_open
 from dmtp.atomic_io import remove_stale_temporaries, save_safetensors, write_json
 from dmtp.engines.catalogue import engine_named, engine_names
 from dmtp.paths import dmtp_home
+from dmtp.training.shard_cache import Share, fill, shard_name, workers_missing, write_manifest
 
 REGEN_METHODS = engine_named("dmtp").regen_methods   # what dmtp's own loop writes with: ar, mtp415
 SHARD_FORMAT = 2   # 2: shards carry their checksum (older caches, which do not, are never reused)
@@ -127,8 +132,9 @@ def _write_shard(path: Path, outputs: list[list[int]], new_tokens: int) -> None:
     for i, out in enumerate(outputs):
         tokens[i, :len(out)] = torch.tensor(out, dtype=torch.int32)
     lengths = torch.tensor([len(o) for o in outputs], dtype=torch.int32)
-    save_safetensors(path, {"tokens": tokens, "lengths": lengths},
-                     metadata={"format": "pt", "sha256": _checksum(tokens, lengths)})
+    # One metadata entry: safetensors writes its metadata map in no fixed order, and a shard's bytes must not
+    # depend on the process that wrote it (W workers write what one worker writes).
+    save_safetensors(path, {"tokens": tokens, "lengths": lengths}, metadata={"sha256": _checksum(tokens, lengths)})
 
 
 class DamagedShard(ValueError):
@@ -162,46 +168,16 @@ def _read_shard(path: Path, rows: int, new_tokens: int, vocab_size: int) -> list
     return [row[:n].tolist() for row, n in zip(tokens, lengths.tolist())]
 
 
-def _process_group() -> str:
-    """The distributed run this process is a rank of (its rendezvous address, shared by its ranks and by no
-    other run at the same time), or "" outside one."""
-    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    dist = torch.distributed
-    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else \
-        int(os.environ.get("WORLD_SIZE") or 1)
-    return f"{addr}:{port}" if addr and port and world > 1 else ""
+def _waiting_notice(out_dir: Path) -> Callable[[str], None]:
+    """Says once per call that this run waits for the holder of a shard of `out_dir` (another run, or this
+    run's own other rank: dmtp.training.shard_cache.file_lock)."""
+    said = []
 
-
-def _holder(fd: int) -> str:
-    """Who holds the lock, as its holder wrote it: "this run's rank (pid N)" (the same distributed run) or
-    "another run (pid N)". The holder writes it right after taking the lock and clears it on release."""
-    for _ in range(20):   # the instant between the holder's lock and its write
-        holder = os.pread(fd, 200, 0).decode(errors="replace").split()   # "<pid> <its process group>"
-        if holder:
-            break
-        time.sleep(0.05)
-    pid = f" (pid {holder[0]})" if holder else ""
-    return f"this run's rank{pid}" if len(holder) == 2 and holder[1] == _process_group() else f"another run{pid}"
-
-
-@contextmanager
-def _cache_lock(out_dir: Path):
-    """One run at a time writes (and verifies) a cache directory; the others wait, then read it."""
-    fd = os.open(out_dir / ".lock", os.O_CREAT | os.O_RDWR, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"[dmtp] waiting for {_holder(fd)} that is writing the training data in {out_dir}")
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        os.ftruncate(fd, 0)   # what a killed holder left
-        os.pwrite(fd, f"{os.getpid()} {_process_group() or '-'}".encode(), 0)   # who holds it, for a waiter
-        try:
-            yield
-        finally:
-            os.ftruncate(fd, 0)
-    finally:
-        os.close(fd)   # releases the lock (so does the process ending, however it ends)
+    def notice(holder: str):
+        if not said:
+            print(f"[dmtp] waiting for {holder} that is writing the training data in {out_dir}")
+            said.append(True)
+    return notice
 
 
 def make_writer(target, settings: RegenSettings, eos_ids: Sequence[int], mtp=None):
@@ -210,66 +186,152 @@ def make_writer(target, settings: RegenSettings, eos_ids: Sequence[int], mtp=Non
     return engine_named(settings.engine).writer(target, settings.method, eos_ids, mtp, settings.engine_args)
 
 
-def regenerate(target, prompts: Sequence[Sequence[int]], settings: RegenSettings, *, eos_token_id=None, mtp=None,
-               cache_root: str | Path | None = None, progress: bool = True,
-               on_shard: Callable[[int], None] | None = None) -> list[list[int]]:
-    """The target's responses to `prompts` (each: up to `new_tokens` tokens, ending at its first EOS:
-    `eos_token_id`, an id or a list, default the target config's).
+@dataclass
+class ShareReport:
+    """What one worker's call did: the shards it owns, those it decoded, the tokens written and the seconds."""
+    cache: Path
+    shards: list[int]
+    decoded: list[int]
+    tokens: int
+    seconds: float
 
-    Cached in shards under `cache_root` (default `$DMTP_HOME/cache`); finished shards are read back,
-    missing ones decoded, so an interrupted call resumes. `on_shard(i)` runs after shard i is written
-    (progress hooks, tests)."""
-    if not prompts:
-        return []
+
+def _prepared_dir(target, prompts, settings: RegenSettings, eos_token_id, cache_root) -> tuple[Path, list[int]]:
     if any(len(p) == 0 for p in prompts):
         raise ValueError("regeneration got an empty prompt")
     eos_ids = _eos_ids(target, eos_token_id)
     out_dir = cache_dir_for(target, prompts, settings, eos_ids, Path(cache_root) if cache_root else None)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with _cache_lock(out_dir):
-        remove_stale_temporaries(out_dir)   # what a killed run left
-        meta = {"settings": asdict(settings), "prompts": len(prompts), "target": target_identity(target)}
-        write_json(out_dir / "meta.json", meta)
-        return _fill(out_dir, target, prompts, settings, eos_ids, mtp, progress, on_shard)
+    remove_stale_temporaries(out_dir)   # what a killed run left
+    meta = {"settings": asdict(settings), "prompts": len(prompts), "target": target_identity(target),
+            "shards": _n_shards(len(prompts), settings)}
+    write_json(out_dir / "meta.json", meta)
+    return out_dir, eos_ids
 
 
-def _fill(out_dir: Path, target, prompts, settings: RegenSettings, eos_ids, mtp, progress: bool, on_shard):
-    """Each shard read back if it verifies, else decoded and written."""
-    n_shards = (len(prompts) + settings.shard_size - 1) // settings.shard_size
-    vocab_size = int(target.config.vocab_size)
+def _n_shards(n_prompts: int, settings: RegenSettings) -> int:
+    return (n_prompts + settings.shard_size - 1) // settings.shard_size
+
+
+def regenerate(target, prompts: Sequence[Sequence[int]], settings: RegenSettings, *, eos_token_id=None, mtp=None,
+               cache_root: str | Path | None = None, progress: bool = True,
+               on_shard: Callable[[int], None] | None = None, decode_missing: bool = True) -> list[list[int]]:
+    """The target's responses to `prompts` (each: up to `new_tokens` tokens, ending at its first EOS:
+    `eos_token_id`, an id or a list, default the target config's).
+
+    Cached in shards under `cache_root` (default `$DMTP_HOME/cache`); finished shards are read back,
+    missing ones decoded (also those of workers that have not written theirs yet), so an interrupted call
+    resumes. `on_shard(i)` runs after shard i is written (progress hooks, tests). `decode_missing=False`: a
+    missing shard is an error naming it (a trainer without the target's decoder: data.features)."""
+    if not prompts:
+        return []
+    out_dir, eos_ids = _prepared_dir(target, prompts, settings, eos_token_id, cache_root)
     outputs: list[list[int]] = []
+    records = []
+    for _, shard, record in _fill(out_dir, target, prompts, settings, eos_ids, mtp, progress, on_shard, Share(),
+                                  decode_missing):
+        outputs.extend(shard)
+        records.append(record)
+    write_manifest(out_dir, records, prompts=len(prompts), new_tokens=settings.new_tokens)
+    return outputs
+
+
+def write_share(target, prompts: Sequence[Sequence[int]], settings: RegenSettings, share: Share, *,
+                eos_token_id=None, mtp=None, cache_root: str | Path | None = None, progress: bool = True,
+                on_shard: Callable[[int], None] | None = None) -> ShareReport:
+    """Worker `share.worker` of `share.workers` writes its shards of the cache (those already there and
+    verified are kept); the others' shards are left to them."""
+    out_dir, eos_ids = _prepared_dir(target, prompts, settings, eos_token_id, cache_root)
+    started = time.perf_counter()
+    decoded, tokens, mine = [], 0, share.indices(_n_shards(len(prompts), settings))
+    for index, shard, _ in _fill(out_dir, target, prompts, settings, eos_ids, mtp, progress,
+                                 lambda i: decoded.append(i) or (on_shard and on_shard(i)), share):
+        if index in decoded:
+            tokens += sum(len(t) for t in shard)
+    return ShareReport(out_dir, mine, decoded, tokens, time.perf_counter() - started)
+
+
+def regen_manifest(target, prompts: Sequence[Sequence[int]], settings: RegenSettings, *, eos_token_id=None,
+                   cache_root: str | Path | None = None, workers: int = 1) -> dict:
+    """The merge step: every shard read back and verified (nothing is decoded), then the manifest written.
+    A missing or damaged shard is one error naming it and the worker that owns it (of `workers`)."""
+    eos_ids = _eos_ids(target, eos_token_id)
+    out_dir = cache_dir_for(target, prompts, settings, eos_ids, Path(cache_root) if cache_root else None)
+    vocab_size = int(target.config.vocab_size)
+    records, missing = [], []
+    for index in range(_n_shards(len(prompts), settings)):
+        chunk = prompts[index * settings.shard_size:(index + 1) * settings.shard_size]
+        path = out_dir / shard_name(index)
+        try:
+            _read_shard(path, len(chunk), settings.new_tokens, vocab_size)
+        except (DamagedShard, FileNotFoundError):
+            missing.append(index)
+            continue
+        records.append(_record(path))
+    if missing:
+        raise ValueError(f"the regeneration cache {out_dir} lacks {workers_missing(missing, workers)}: run "
+                         f"python -m dmtp.prepare step=regen for them (the same options), then merge again")
+    return write_manifest(out_dir, records, prompts=len(prompts), new_tokens=settings.new_tokens)
+
+
+def _record(path: Path) -> dict:
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        rows = f.get_slice("lengths").get_shape()[0]
+    return {"file": path.name, "sha256": meta.get("sha256"), "rows": int(rows), "bytes": path.stat().st_size}
+
+
+def _fill(out_dir: Path, target, prompts, settings: RegenSettings, eos_ids, mtp, progress: bool, on_shard,
+          share: Share, decode_missing: bool = True):
+    """Yields (index, responses, manifest record) for each shard of `share`: read back if it verifies, else
+    decoded and written (under the shard's lock)."""
+    n_shards = _n_shards(len(prompts), settings)
+    vocab_size = int(target.config.vocab_size)
+    mine = share.indices(n_shards)
     writer = None
-    bar = _bar(len(prompts), progress)
+    bar = _bar(sum(len(prompts[i * settings.shard_size:(i + 1) * settings.shard_size]) for i in mine), progress)
     started, written = time.perf_counter(), 0
     from dmtp.decode.sampling import SamplingConfig
 
     sampling = SamplingConfig(temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p)
-    for index in range(n_shards):
-        path = out_dir / f"shard-{index:05d}.safetensors"
-        chunk = prompts[index * settings.shard_size:(index + 1) * settings.shard_size]
-        shard = None
-        if path.exists():
-            try:
-                shard = _read_shard(path, len(chunk), settings.new_tokens, vocab_size)
-            except DamagedShard as e:
-                print(f"[dmtp] regeneration cache: {path} is damaged ({e}); decoding it again")
-        if shard is None:
-            writer = writer or make_writer(target, settings, eos_ids, mtp)
-            result = writer.generate(chunk, max_new_tokens=settings.new_tokens, sampling=sampling,
-                                     batch_size=settings.batch_size, seed=_shard_seed(settings.seed, index))
-            shard = result.tokens
-            _write_shard(path, shard, settings.new_tokens)
-            written += sum(len(t) for t in shard)
-            if on_shard is not None:
-                on_shard(index)
-        outputs.extend(shard)
-        bar.update(len(chunk))
-        if written:
-            bar.set_postfix(tok_s=f"{written / (time.perf_counter() - started):.0f}", refresh=False)
-    bar.close()
-    if hasattr(writer, "close"):   # an engine with processes of its own (vLLM): stop them now (a wrapping
-        writer.close()             # writer, e.g. a test's, may have nothing to close)
-    return outputs
+
+    def chunk_of(index):
+        return prompts[index * settings.shard_size:(index + 1) * settings.shard_size]
+
+    def read(index):
+        path = out_dir / shard_name(index)
+        try:
+            return _read_shard(path, len(chunk_of(index)), settings.new_tokens, vocab_size)
+        except DamagedShard as e:
+            print(f"[dmtp] regeneration cache: {path} is damaged ({e}); decoding it again")
+            return None
+
+    def write(index):
+        nonlocal writer
+        if not decode_missing:
+            raise FileNotFoundError(f"the regeneration cache {out_dir} has no verified {shard_name(index)} and the "
+                                    f"target's decoder is not loaded here: write it first with python -m dmtp.prepare "
+                                    f"step=regen (the same options)")
+        writer = writer or make_writer(target, settings, eos_ids, mtp)
+        result = writer.generate(chunk_of(index), max_new_tokens=settings.new_tokens, sampling=sampling,
+                                 batch_size=settings.batch_size, seed=_shard_seed(settings.seed, index))
+        _write_shard(out_dir / shard_name(index), result.tokens, settings.new_tokens)
+        return result.tokens
+
+    try:
+        for index, shard, fresh in fill(out_dir, mine, read, write, _waiting_notice(out_dir)):
+            if fresh:
+                written += sum(len(t) for t in shard)
+                if on_shard is not None:
+                    on_shard(index)
+            yield index, shard, _record(out_dir / shard_name(index))
+            bar.update(len(chunk_of(index)))
+            if written:
+                bar.set_postfix(tok_s=f"{written / (time.perf_counter() - started):.0f}", refresh=False)
+    finally:
+        bar.close()
+        if hasattr(writer, "close"):   # an engine with processes of its own (vLLM): stop them now (a wrapping
+            writer.close()             # writer, e.g. a test's, may have nothing to close)
 
 
 def _bar(total: int, enabled: bool):
@@ -279,4 +341,5 @@ def _bar(total: int, enabled: bool):
                 mininterval=2.0, dynamic_ncols=True)
 
 
-__all__ = ["RegenSettings", "REGEN_METHODS", "REGEN_ENGINES", "regenerate", "cache_dir_for", "target_identity", "make_writer"]
+__all__ = ["RegenSettings", "REGEN_METHODS", "REGEN_ENGINES", "ShareReport", "regenerate", "regen_manifest",
+           "write_share", "cache_dir_for", "target_identity", "make_writer"]

@@ -14,6 +14,7 @@ import torch
 
 from dmtp.drafters.block_drafter import MTPBlockInputs
 from dmtp.training.blocks import TeacherFeatures, draft_blocks, mtp_block_inputs, teacher_features
+from dmtp.training.cached_features import cached_teacher_features
 
 ANCHOR_CHUNK = 48
 
@@ -105,11 +106,13 @@ def walk_statistics(matches: torch.Tensor, prompt_len, length, num_candidates: i
 
 
 @torch.no_grad()
-def exact_acceptance(target, mtp, drafter, input_ids, prompt_len, length, mtp_chain_steps: int = 0) -> dict:
+def exact_acceptance(target, mtp, drafter, input_ids, prompt_len, length, mtp_chain_steps: int = 0,
+                     cached: dict | None = None) -> dict:
     """`walk_statistics` of the drafter for a batch of (prompt + greedy continuation) sequences; with
     `mtp_chain_steps` (and an MTP in use) also those of the MTP chain alone on the same sequences, under
-    "mtp_chain"."""
-    feats = teacher_features(target, mtp, drafter, input_ids)
+    "mtp_chain". `cached`: the rows' features from the feature cache (else the target's forward)."""
+    feats = (cached_teacher_features(drafter, mtp, input_ids, cached, drafter.config.vocab_size, logits=False)
+             if cached is not None else teacher_features(target, mtp, drafter, input_ids))
     k = drafter.num_candidates
     out = walk_statistics(candidate_matches(target, mtp, drafter, input_ids, feats), prompt_len, length, k)
     if mtp_chain_steps and feats.mtp_hidden is not None:

@@ -17,7 +17,8 @@ pytest.importorskip("vllm", reason=SKIP_REASON)
 
 import torch  # noqa: E402
 
-from dmtp.decode import SpecDecoder, build_proposer  # noqa: E402
+from dmtp.decode import build_proposer  # noqa: E402
+from dmtp.families.decoding import spec_decoder  # noqa: E402
 from dmtp.drafters.block_drafter import fresh_drafter_for, load_block_drafter  # noqa: E402
 from dmtp.families.mtp_loading import load_native_mtp  # noqa: E402
 from dmtp.serving.vllm_engine import generate, generate_tokens, make_llm, sampling_params, shutdown, spec_decode_counts  # noqa: E402
@@ -32,8 +33,8 @@ def dmtp_loop(vllm_target, vllm_target_dir, vllm_tokenizer, interop_prompts, dmt
     drafter, _ = load_block_drafter(dmtp_drafter_dir)
     mtp = load_native_mtp(vllm_target_dir, vllm_target.embed_tokens, vllm_target.lm_head)
     eos = vllm_tokenizer.eos_token_id
-    ar = SpecDecoder(vllm_target, build_proposer("ar", vllm_target), eos_token_id=eos)
-    spec = SpecDecoder(vllm_target, build_proposer("drafter", vllm_target, mtp=mtp, drafter=drafter), eos_token_id=eos)
+    ar = spec_decoder(vllm_target, build_proposer("ar", vllm_target), eos_token_id=eos)
+    spec = spec_decoder(vllm_target, build_proposer("drafter", vllm_target, mtp=mtp, drafter=drafter), eos_token_id=eos)
     return (ar.generate(interop_prompts, max_new_tokens=NEW_TOKENS, batch_size=8),
             spec.generate(interop_prompts, max_new_tokens=NEW_TOKENS, batch_size=8))
 

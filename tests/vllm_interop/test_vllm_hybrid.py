@@ -26,7 +26,8 @@ if not torch.cuda.is_available():
     pytest.skip("hybrid targets in vLLM are GPU-only (vLLM's CPU build: no torchvision here, no CPU gated-DeltaNet "
                 "speculation kernel)", allow_module_level=True)
 
-from dmtp.decode import SpecDecoder, build_proposer  # noqa: E402
+from dmtp.decode import build_proposer  # noqa: E402
+from dmtp.families.decoding import spec_decoder  # noqa: E402
 from dmtp.drafters.block_drafter import fresh_drafter_for, load_block_drafter  # noqa: E402
 from dmtp.models.target import TargetModel  # noqa: E402
 from dmtp.serving.vllm_engine import generate, make_llm, sampling_params, shutdown, spec_decode_counts  # noqa: E402
@@ -67,9 +68,9 @@ def test_hybrid_target_with_raw_dflash_in_vllm(hybrid_dirs, interop_prompts):
     target_dir, drafter_dir, target, eos = hybrid_dirs
     drafter, _ = load_block_drafter(drafter_dir)
     drafter = drafter.to("cuda")
-    ar = SpecDecoder(target, build_proposer("ar", target), eos_token_id=eos).generate(
+    ar = spec_decoder(target, build_proposer("ar", target), eos_token_id=eos).generate(
         interop_prompts, max_new_tokens=NEW_TOKENS, batch_size=8)
-    ours = SpecDecoder(target, build_proposer("drafter", target, drafter=drafter), eos_token_id=eos).generate(
+    ours = spec_decoder(target, build_proposer("drafter", target, drafter=drafter), eos_token_id=eos).generate(
         interop_prompts, max_new_tokens=NEW_TOKENS, batch_size=8)
     llm = make_llm(target_dir, ENGINE_ARGS, speculative_config={"method": "dflash", "model": str(drafter_dir),
                                                                 "num_speculative_tokens": K})

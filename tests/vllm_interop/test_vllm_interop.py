@@ -22,7 +22,8 @@ pytest.importorskip("vllm", reason=SKIP_REASON)
 
 from dmtp.drafters.block_drafter import load_block_drafter  # noqa: E402
 from dmtp.configs import compose_config  # noqa: E402
-from dmtp.decode import SpecDecoder, build_proposer  # noqa: E402
+from dmtp.decode import build_proposer  # noqa: E402
+from dmtp.families.decoding import spec_decoder  # noqa: E402
 from dmtp.serving.vllm_engine import (generate, generate_tokens, make_llm, sampling_params, shutdown,  # noqa: E402
                                       spec_decode_counts)
 from dmtp.serving.vllm_decoder import committed_accepted  # noqa: E402
@@ -45,8 +46,8 @@ def dmtp_run(vllm_target, vllm_tokenizer, interop_prompts, raw_drafter_dir):
     """dmtp's own loop on the prompts: the target alone (AR) and with the drafter."""
     drafter, _ = load_block_drafter(raw_drafter_dir)
     eos = vllm_tokenizer.eos_token_id
-    ar = SpecDecoder(vllm_target, build_proposer("ar", vllm_target), eos_token_id=eos)
-    spec = SpecDecoder(vllm_target, build_proposer("drafter", vllm_target, drafter=drafter), eos_token_id=eos)
+    ar = spec_decoder(vllm_target, build_proposer("ar", vllm_target), eos_token_id=eos)
+    spec = spec_decoder(vllm_target, build_proposer("drafter", vllm_target, drafter=drafter), eos_token_id=eos)
     return (ar.generate(interop_prompts, max_new_tokens=NEW_TOKENS, batch_size=8),
             spec.generate(interop_prompts, max_new_tokens=NEW_TOKENS, batch_size=8))
 
@@ -155,7 +156,7 @@ def test_dflash2_export_in_vllm(vllm_target, vllm_tokenizer, vllm_target_dir, in
     assert drafter.config.architecture == "DFlash2DraftModel"
     assert drafter.backbone.candidate_selector.successor_codebook.abs().max() > 0   # the walk matters
     eos = vllm_tokenizer.eos_token_id
-    ours = SpecDecoder(vllm_target, build_proposer("drafter", vllm_target, drafter=drafter),
+    ours = spec_decoder(vllm_target, build_proposer("drafter", vllm_target, drafter=drafter),
                        eos_token_id=eos).generate(interop_prompts, max_new_tokens=NEW_TOKENS, batch_size=8)
     llm = make_llm(vllm_target_dir, ENGINE_ARGS, speculative_config=_spec(dflash2_drafter_dir))
     try:

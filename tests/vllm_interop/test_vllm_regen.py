@@ -45,3 +45,20 @@ def test_engine_options_reach_vllm(vllm_target_dir):
     with pytest.raises(Exception, match="no_such_engine_option"):
         make_llm(vllm_target_dir, {**ENGINE_ARGS, "no_such_engine_option": 1})
 
+
+
+def test_two_vllm_workers_write_the_shards_of_one(vllm_target, interop_prompts, tmp_path):
+    """data.regen_engine=vllm shared out (dmtp.prepare step=regen workers=2): each worker's own engine writes its
+    shards; sampled, every prompt's seed is its shard's, so the bytes are one worker's."""
+    from dmtp.training.regenerate import write_share
+    from dmtp.training.shard_cache import Share
+
+    settings = RegenSettings(new_tokens=NEW, temperature=1.0, seed=3, shard_size=3, engine="vllm",
+                             engine_args=ENGINE_ARGS)                      # three shards for 8 prompts
+    parts = [write_share(vllm_target, interop_prompts, settings, Share(2, i), cache_root=tmp_path / "two",
+                         progress=False) for i in range(2)]
+    assert [p.decoded for p in parts] == [[0, 2], [1]]
+    one = write_share(vllm_target, interop_prompts, settings, Share(), cache_root=tmp_path / "one", progress=False)
+    names = sorted(p.name for p in one.cache.glob("shard-*"))
+    assert len(names) == 3
+    assert all((one.cache / n).read_bytes() == (parts[0].cache / n).read_bytes() for n in names)
