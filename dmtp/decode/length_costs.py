@@ -1,0 +1,36 @@
+"""The cost table of `verify_length=auto`: the seconds of one decoding round at each verify length L = 0..K,
+measured once per batch shape on the live state (dmtp/decode/verify_length.py reads it).
+
+Each L's round (its CUDA graph, compiled program or eager stages) runs once untimed (first-call allocations),
+then `reps` times, the lengths interleaved so that a machine's drift reaches them alike, each run timed
+between device syncs and followed by a restore of the state it changed (the capture protocol's `reset`:
+the rounds it runs are not decoding). The median of each L's runs is its cost."""
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+
+def measure_round_costs(rounds: Sequence[Callable[[], None]], reset: Callable[[], None],
+                        sync: Callable[[], None], reps: int = 5) -> list[float]:
+    """rounds[L]: one round verifying L candidates -> median seconds per L (module docstring)."""
+    if reps < 1:
+        raise ValueError(f"reps must be >= 1, got {reps}")
+    for run in rounds:
+        run()
+        sync()
+        reset()
+    times: list[list[float]] = [[] for _ in rounds]
+    for _ in range(reps):
+        for length, run in enumerate(rounds):
+            sync()
+            t0 = time.perf_counter()
+            run()
+            sync()
+            times[length].append(time.perf_counter() - t0)
+            reset()
+    return [statistics.median(t) for t in times]
+
+
+__all__ = ["measure_round_costs"]
