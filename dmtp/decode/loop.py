@@ -458,7 +458,8 @@ class SpecDecoder:
             return None
         return min(st.max_len, _round_up(longest_bound + st.width + 1, self.graph_span_step))
 
-    def _round_fn(self, st: DecodeState, timer, span: int | None = None, length: int | None = None) -> Callable[[], None]:
+    def _round_fn(self, st: DecodeState, timer, span: int | None = None,
+                  length: int | None = None) -> Callable[[], None]:
         """One round of `st`'s batch verifying `length` candidates (None: the run's fixed length): the
         captured / compiled program of (`span`, `length`) (captured on first use; the runner's span is that
         program's whenever it runs, as its shapes were captured with it), else the stages eagerly over the

@@ -38,6 +38,7 @@ from dmtp.decode.stage import Stage, present
 from dmtp.decode.verify import probs_from_logits, sample_from_probs
 from dmtp.drafters.block_drafter import BlockDrafter, MTPBlockInputs
 from dmtp.drafters.dflash import CachedContext
+from dmtp.drafters.window_cache import WindowCache, ring_size
 from dmtp.models.mtp import NativeMTP
 from dmtp.models.mtp_chain import chain_mtp
 from dmtp.models.qwen3 import KVCache
@@ -143,18 +144,28 @@ class DrafterState:
         return tuple(self.caches)
 
     def allocate(self, batch: int, max_len: int, device, dtype) -> None:
+        """Per layer a cache indexed by position, or for a sliding-window layer a ring bounded by its window
+        (`WindowCache`: what it reads does not grow with the context)."""
         c = self.drafter.config
+        self.ring = ring_size(c.sliding_window, self.injection.block_size) if c.sliding_window else None
         self.caches = [KVCache(batch, c.num_key_value_heads, max_len, c.head_dim, dtype, device)
-                       for _ in range(c.num_hidden_layers)]
+                       if c.window_for(i) is None else
+                       WindowCache(batch, c.num_key_value_heads, self.ring, c.head_dim, dtype, device)
+                       for i in range(c.num_hidden_layers)]
         self.slots = torch.zeros(batch, 1, self.injection.num_slots, c.hidden_size, dtype=dtype, device=device)
 
-    def append(self, features: torch.Tensor, mtp_features: torch.Tensor | None, positions: torch.Tensor) -> None:
+    def append(self, features: torch.Tensor, mtp_features: torch.Tensor | None, positions: torch.Tensor,
+               lengths: torch.Tensor | None = None) -> None:
         """Context K/V of rows [B, R] at `positions` (rows past a request's accepted count are scratch,
-        invisible because they sit at or after the next anchor, and overwritten by the next append)."""
+        invisible because they sit at or after the next anchor, and overwritten by the next append).
+        `lengths`: a right-padded prompt's valid rows (what a window cache keeps of it)."""
         ctx = self.injection.context_features(features, mtp_features)
         hidden = self.drafter.project_context(ctx.to(self.slots.dtype))
         for cache, (k, v) in zip(self.caches, self.drafter.context_kv(hidden, positions)):
-            cache.write(positions, k, v)
+            if lengths is not None and isinstance(cache, WindowCache):
+                cache.write_prompt(positions, k, v, lengths)
+            else:
+                cache.write(positions, k, v)
 
     def build(self, anchor: torch.Tensor, mtp: MTPBlockInputs | None) -> None:
         """The block's slots (one block per request), kept for `draft`."""
@@ -167,8 +178,8 @@ class DrafterState:
         strictly before A, read from the first `span` cache slots (None: all). The block's rows are written
         into the caches at its positions (A .. A + B - 1 at most), so `span` must cover them: the loop's
         span covers every row a round touches (longest length + block width + 1)."""
-        max_len = self.caches[0].max_len
-        ctx = CachedContext(self.caches, max_len if span is None else min(span, max_len))
+        max_len = next((c.max_len for c in self.caches if not isinstance(c, WindowCache)), self.caches[0].max_len)
+        ctx = CachedContext(self.caches, max_len if span is None else min(span, max_len), self.ring)
         block = self.drafter.draft_block(self.embed_weight, anchor[:, None], anchor_pos[:, None], ctx, None, mtp,
                                          lm_head_weight=self.lm_head_weight, sampler=sampler, slots=self.slots)
         return (block.candidates[:, 0], None if block.q is None else block.q[:, 0],
@@ -298,7 +309,7 @@ class DrafterProposer(Proposer):
     def prefill(self, st, ids, lengths, out) -> None:
         super().prefill(st, ids, lengths, out)
         positions = torch.arange(ids.shape[1], device=ids.device).expand(ids.shape[0], -1)
-        self.dstate.append(out.layer_hidden, self._mtp_features(positions), positions)
+        self.dstate.append(out.layer_hidden, self._mtp_features(positions), positions, lengths)
 
     def propose_stages(self, st) -> list[Stage]:
         inj, d = self.injection, self.dstate

@@ -11,8 +11,11 @@ As vLLM's DSpark scheduler does, `VerifyLengthPolicy` picks the L that maximizes
   polls, the context growing);
 * the expected accepted candidates of a request at L, sum_{j <= L} min(s_j x c_j, 1): s_j an EMA of the
   proposer's predicted survival of candidate j (the product of its confidences: DSpark's head, the MTP's
-  top-1 probability), c_j its calibration, an EMA of realized / predicted survival over the candidates that
-  were verified (clamped to 0.25..4, updated once enough were seen);
+  top-1 probability), c_j its calibration, realized / predicted survival over the candidates that were
+  verified (clamped to 0.25..4; set when `calibration_min_observed` were first seen, an EMA after that).
+  Until every candidate is calibrated (or `explore_rounds` passed) the whole block is verified: a signal
+  that under-predicts (the MTP's top-1 probability does, here) would otherwise turn drafting off before
+  the realized acceptance could correct it;
 * hysteresis: the current L stays unless another is more than 5% better; L = 0 is probed (the best L >= 1
   for one readout) after `probe_every` readouts at 0, since rounds without drafts predict nothing.
 
@@ -68,8 +71,8 @@ class VerifyLengthPolicy:
     """The length choice (module docstring). `costs[L]`: seconds of one round at L = 0..K."""
 
     def __init__(self, costs: Sequence[float], *, hysteresis: float = 0.05, survival_decay: float = 0.9,
-                 calibration_decay: float = 0.8, calibration_min_observed: float = 32.0,
-                 ratio_range: tuple[float, float] = (0.25, 4.0), probe_every: int = 16,
+                 calibration_decay: float = 0.8, calibration_min_observed: float = 16.0,
+                 ratio_range: tuple[float, float] = (0.25, 4.0), probe_every: int = 16, explore_rounds: int = 64,
                  overhead_window: int = 129, overhead_min_samples: int = 16, overhead_gate_s: float = 0.25):
         if len(costs) < 2 or not all(c > 0 for c in costs):
             raise ValueError(f"a cost table needs positive seconds for L = 0..K (K >= 1), got {list(costs)}")
@@ -82,6 +85,8 @@ class VerifyLengthPolicy:
                                                                                   overhead_gate_s)
         self.survival: list[float] | None = None       # EMA of the predicted survival of candidate j
         self.calibration = [1.0] * self.k
+        self.calibrated = [False] * self.k
+        self.explore_rounds, self.rounds_seen = explore_rounds, 0
         self._seen = [[0.0] * self.k for _ in range(3)]    # hits, observed, predicted-observed: totals
         self._at_update = [[0.0] * self.k for _ in range(3)]
         self.overhead = (0.0, 0.0)                     # c0 (s per round), c1 (s per token)
@@ -95,6 +100,7 @@ class VerifyLengthPolicy:
         """One readout of `LengthStats` after `rounds` rounds at `length`, which took `seconds` of wall time."""
         if rounds < 1:
             return
+        self.rounds_seen += rounds
         drafted = rows[REQUESTS][0]
         if drafted > 0:
             mean = [p / drafted for p in rows[PREDICTED]]
@@ -117,7 +123,9 @@ class VerifyLengthPolicy:
             hits, observed, predicted = (self._seen[i][j] - self._at_update[i][j] for i in range(3))
             if observed >= self.calibration_min_observed and predicted > 1e-3:
                 ratio = min(max(hits / predicted, lo), hi)
-                self.calibration[j] = self.calibration_decay * self.calibration[j] + (1 - self.calibration_decay) * ratio
+                decay = self.calibration_decay if self.calibrated[j] else 0.0
+                self.calibration[j] = decay * self.calibration[j] + (1 - decay) * ratio
+                self.calibrated[j] = True
                 for i in range(3):
                     self._at_update[i][j] = self._seen[i][j]
 
@@ -158,9 +166,9 @@ class VerifyLengthPolicy:
         return out
 
     def choose(self) -> int:
-        """L for the next rounds: K until something is known; then the best expected tokens per second,
-        with hysteresis; after `probe_every` choices of 0 in a row, the best L >= 1 once."""
-        if self.survival is None:
+        """L for the next rounds: K until the signal is calibrated (module docstring); then the best expected
+        tokens per second, with hysteresis; after `probe_every` choices of 0 in a row, the best L >= 1 once."""
+        if self.survival is None or (not all(self.calibrated) and self.rounds_seen < self.explore_rounds):
             self.current = self.k
             return self.k
         tput = self.throughput()
