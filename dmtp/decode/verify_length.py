@@ -6,7 +6,8 @@ L + 1 rows). Which L pays depends on the engine: where a round costs about the s
 fewer candidates, down to L = 0 (drafting off: the target alone, the proposer's state kept up to date).
 As vLLM's DSpark scheduler does, `VerifyLengthPolicy` picks the L that maximizes expected tokens per second:
 
-* a cost table T(L), the seconds of one round at each L, measured once per batch shape (`length_costs.py`),
+* a cost table T(L), the seconds of one round at each L, measured once per batch shape (`length_costs.py`:
+  the fastest of several interleaved runs),
   plus a per-round overhead c0 + c1 x tokens regressed online (what the table does not see: the host's
   polls, the context growing);
 * the expected accepted candidates of a request at L, sum_{j <= L} min(s_j x c_j, 1): s_j an EMA of the
