@@ -17,8 +17,9 @@ import torch
 from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
 from dmtp.decode.length_costs import measure_round_costs
 from dmtp.decode.reference import reference_generate, reference_proposal
-from dmtp.decode.verify_length import (HITS, OBSERVED, PREDICTED, PREDICTED_OBSERVED, REQUESTS, LengthStats,
-                                       VerifyLengthPolicy)
+from dmtp.decode.length_stats import (HITS, OBSERVED, PREDICTED, PREDICTED_OBSERVED, REQUESTS, LengthStats,
+                                      Readout)
+from dmtp.decode.verify_length import VerifyLengthPolicy
 from dmtp.drafters.block_drafter import fresh_drafter_for
 from test_dspark import PROMPTS, dspark_drafter
 
@@ -242,16 +243,19 @@ def test_bad_verify_lengths_are_one_line(micro_target, micro_mtp):
 
 # -- the pieces: the policy, the device record, the cost measurement -----------------------------------------
 
-def observe(policy, survival, hits, observed, rounds=1, seconds=0.0, length=None, requests=1.0):
+def observe(policy, survival, hits, observed, rounds=1, seconds=0.0, length=None, requests=1.0, per_request=None):
     """One readout as LengthStats would give it: per candidate, predicted survival summed over requests,
-    hits / observed counts and the predicted survival of the observed."""
+    hits / observed counts and the predicted survival of the observed; `per_request`: [(remaining budget,
+    its survival)] (none: the batch's rate alone)."""
     k = policy.k
     rows = [[0.0] * k for _ in range(5)]
     rows[PREDICTED] = [s * requests for s in survival]
     rows[HITS], rows[OBSERVED] = list(hits), list(observed)
     rows[PREDICTED_OBSERVED] = [s * o for s, o in zip(survival, observed)]
     rows[REQUESTS] = [requests * rounds] * k
-    policy.observe(rows, rounds, seconds, k if length is None else length)
+    per_request = per_request or []
+    readout = Readout(rows, [s for _, s in per_request], [r for r, _ in per_request])
+    policy.observe(readout, rounds, seconds, k if length is None else length)
 
 
 def test_policy_picks_the_length_with_the_most_expected_tokens_per_second():
@@ -268,6 +272,22 @@ def test_policy_picks_the_length_with_the_most_expected_tokens_per_second():
     assert knee.expected_accepted()[3] == pytest.approx(0.95 + 0.95 ** 2 + 0.95 ** 3)
 
 
+def test_a_static_batch_is_as_fast_as_its_slowest_request():
+    """Two requests: drafting doubles one's rate and barely moves the other's. Per active request (vLLM's
+    refilled batches) drafting pays; in a static batch, which ends with the slow request, it does not."""
+    costs = [1.0, 1.4]
+    fast, slow = [0.99], [0.05]
+    rate = VerifyLengthPolicy(costs, explore_rounds=0)
+    observe(rate, [0.52], [0], [0])
+    assert rate.choose() == 1                          # per request: 1.52 tokens / 1.4 beats 1 / 1
+    batch = VerifyLengthPolicy(costs, explore_rounds=0)
+    observe(batch, [0.52], [0], [0], per_request=[(60, fast), (60, slow)])
+    assert batch.choose() == 0                          # the slow one needs 60 / 1.05 rounds of 1.4: 80 > 60
+    one = VerifyLengthPolicy(costs, explore_rounds=0)
+    observe(one, [0.99], [0], [0], per_request=[(60, fast), (0, slow)])   # the slow one is done
+    assert one.choose() == 1 and one.throughput() == pytest.approx([1.0, 1.99 / 1.4])
+
+
 def test_hysteresis_keeps_the_current_length_within_five_percent():
     policy = VerifyLengthPolicy([1.0, 1.0, 1.04], explore_rounds=0)
     observe(policy, [1.0, 1.0], [0, 0], [0, 0])                  # L=1: 2 tokens/s, L=2: 3/1.04 = 2.88
@@ -282,7 +302,7 @@ def test_hysteresis_keeps_the_current_length_within_five_percent():
 
 def test_calibration_scales_the_predicted_survival_toward_the_realized():
     policy = VerifyLengthPolicy([1.0, 1.2, 1.4], calibration_min_observed=10)
-    for _ in range(40):                                           # predicted 0.9 / 0.81, realized a third of that
+    for _ in range(40):                                           # predicted 0.9 / 0.81, realized a third
         observe(policy, [0.9, 0.81], [3.0, 2.7], [10.0, 10.0], requests=10)
     assert policy.calibration == pytest.approx([1 / 3, 1 / 3], rel=0.02)
     assert policy.expected_accepted()[2] == pytest.approx((0.9 + 0.81) / 3, rel=0.02)
@@ -324,18 +344,24 @@ def test_drafting_off_is_probed_and_the_overhead_is_regressed():
 
 
 def test_length_stats_count_what_was_predicted_verified_and_accepted():
-    stats = LengthStats(3, "cpu")
+    stats = LengthStats(3, 3, "cpu", request_decay=0.5)
     survival = torch.tensor([[0.9, 0.5, 0.2], [0.8, 0.6, 0.4], [0.7, 0.7, 0.7]])
     kept = torch.tensor([3, 1, 3])          # row 1: a threshold keeps one candidate
     verified = torch.tensor([2, 1, 2])      # L = 2
     accepted = torch.tensor([1, 1, 2])
     active = torch.tensor([True, True, False])
     stats.accumulate(survival, kept, verified, accepted, active)
-    rows = stats.read()
-    assert rows[PREDICTED] == pytest.approx([0.9 + 0.8, 0.5, 0.2])
-    assert rows[OBSERVED] == [2.0, 1.0, 0.0] and rows[HITS] == [2.0, 0.0, 0.0]
-    assert rows[PREDICTED_OBSERVED] == pytest.approx([1.7, 0.5, 0.0]) and rows[REQUESTS] == [2.0] * 3
-    assert stats.tensor.abs().sum() == 0    # read clears
+    stats.accumulate(survival / 2, kept, verified, accepted, torch.tensor([True, False, False]))
+    readout = stats.read(torch.tensor([5, 0, 9]))
+    rows = readout.rows
+    assert rows[PREDICTED] == pytest.approx([0.9 + 0.8 + 0.45, 0.5 + 0.25, 0.2 + 0.1])
+    assert rows[OBSERVED] == [3.0, 2.0, 0.0] and rows[HITS] == [3.0, 0.0, 0.0]
+    assert rows[PREDICTED_OBSERVED] == pytest.approx([2.15, 0.75, 0.0]) and rows[REQUESTS] == [3.0] * 3
+    assert stats.tensor.abs().sum() == 0    # read clears the batch's rows
+    # per request: an EMA over its drafted rounds (0.5 each), cut where a threshold stopped; None if never
+    assert readout.request_survival[0] == pytest.approx([0.675, 0.375, 0.15])
+    assert readout.request_survival[1] == pytest.approx([0.8, 0.0, 0.0]) and readout.request_survival[2] is None
+    assert readout.remaining == [5, 0, 9]
 
 
 def test_cost_measurement_interleaves_lengths_and_restores_after_each_run():

@@ -98,6 +98,9 @@ def main(argv=None) -> None:
     drafters = {}
     for path in args.drafter:
         d = load_drafter(target, path, device, dtype, native_mtp=mtp)
+        if not (d.model.has_confidence or d.model.injection.mtp_steps):
+            print(f"bench_verify_length: {path} predicts no acceptance (no confidence head, no MTP): left out")
+            continue
         drafters[f"{Path(path).parent.name}/{d.label}"] = ("drafter", d.model, d.mtp)
     if args.random_dspark:
         size = random_drafter_size(args, ap, target.model.num_layers)
@@ -118,9 +121,10 @@ def main(argv=None) -> None:
     if args.tables_only:
         runs = {k: v for k, v in runs.items() if k != "ar"}
     for batch in args.batch_sizes:   # warm-up: captures, and the auto decoders' cost table for each batch
+        # (tables only: exactly `batch` rows, the prompts repeated; else the rows the timed runs will have)
+        warm = (prompts * batch)[:batch] if args.tables_only else prompts[:batch]
         for dec, sampling in runs.values():
-            dec.generate(prompts[:batch], max_new_tokens=8 if not args.tables_only else 4, sampling=sampling,
-                         batch_size=batch)
+            dec.generate(warm, max_new_tokens=8 if not args.tables_only else 4, sampling=sampling, batch_size=batch)
     samples: dict = {}
     if not args.tables_only:
         for _ in range(args.reps):

@@ -182,6 +182,12 @@ class SpecDecoder:
         return self.proposer.num_candidates
 
     @property
+    def signals_acceptance(self) -> bool:
+        """Its proposer predicts each candidate's acceptance (a confidence head, the MTP's top-1): verify_length=auto
+        applies to it."""
+        return bool(self.proposer.signals_acceptance)
+
+    @property
     def predicts_confidence(self) -> bool:
         """Its drafter predicts acceptance (DSpark): confidence-scheduled verification applies to it."""
         return bool(self.proposer.predicts_confidence)
@@ -316,7 +322,7 @@ class SpecDecoder:
         """Everything `_verify` changes in place, and the runner's committed state that `advance` moves."""
         return (*present(st.out_tokens, st.out_len, st.done, st.anchor, st.a_prev, st.y, st.acc, st.verified, st.h_verify,
                          st.f_verify, st.acc_log, st.raw_log, st.round_idx,
-                         st.length_stats.tensor if st.length_stats is not None else None), *self.runner.round_state())
+                         *(st.length_stats.tensors if st.length_stats is not None else ())), *self.runner.round_state())
 
     # -- prefill ------------------------------------------------------------------------------------
     def _prefill(self, st: DecodeState, prompts: list[list[int]], max_new: int) -> None:
@@ -524,7 +530,8 @@ class SpecDecoder:
                 finished = bool(st.done.all())
                 if policy is not None:   # the poll has synced: the rounds' record is a small read more
                     now = time.perf_counter()
-                    policy.observe(st.length_stats.read(), interval, now - mark, length)
+                    remaining = (st.max_new - st.out_len).clamp(min=0) * ~st.done
+                    policy.observe(st.length_stats.read(remaining), interval, now - mark, length)
                     mark, interval = now, 0
                     length = policy.choose()
                 if finished:

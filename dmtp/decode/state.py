@@ -10,7 +10,7 @@ import torch
 
 from dmtp.decode.runners import TargetRunner
 from dmtp.decode.sampling import SamplingConfig
-from dmtp.decode.verify_length import LengthStats
+from dmtp.decode.length_stats import LengthStats
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class DecodeState:
         # length policy (`LengthStats`, read at the loop's polls).
         chooses = sampling.chooses_length and k > 0
         self.confidence = torch.ones(batch, k, dtype=torch.float32, device=dev) if chooses else None
-        self.length_stats = LengthStats(k, dev) if chooses else None
+        self.length_stats = LengthStats(batch, k, dev) if chooses else None
         self.a_prev = z(batch)
         self.h_verify = torch.zeros(batch, w, hidden_size, dtype=dtype, device=dev) if reads.last_hidden else None
         self.f_verify = torch.zeros(batch, w, feature_dim, dtype=dtype, device=dev) if reads.features else None
@@ -108,7 +108,7 @@ class DecodeState:
         self.verify_limit.fill_(self.num_candidates)
         if self.confidence is not None:
             self.confidence.fill_(1.0)
-            self.length_stats.tensor.zero_()
+            self.length_stats.reset()
         self.acc_log.fill_(-1)
         self.raw_log.fill_(-1)
         self.done.zero_()

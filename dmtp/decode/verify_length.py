@@ -4,15 +4,20 @@ The loop verifies [A, c1..cL] with one L for the whole batch, one captured progr
 L + 1 rows). Which L pays depends on the engine: where a round costs about the same whatever its rows
 (a GPU at batch 1), the whole block; where the verify's cost grows with its rows (a CPU, a large batch),
 fewer candidates, down to L = 0 (drafting off: the target alone, the proposer's state kept up to date).
-As vLLM's DSpark scheduler does, `VerifyLengthPolicy` picks the L that maximizes expected tokens per second:
+As vLLM's DSpark scheduler does, `VerifyLengthPolicy` picks the L that maximizes expected tokens per second,
+here of the batch until it ends: dmtp decodes static batches, where a finished request's row is computed
+until the last one ends, so the batch's rate is its remaining tokens over the rounds its slowest request
+still needs at L, max_i R_i / (1 + a_i(L)), times the round's cost (with refilled batches, vLLM's, it is the
+active requests' tokens per round over the round's cost; one request: the two are the same). From:
 
 * a cost table T(L), the seconds of one round at each L, measured once per batch shape (`length_costs.py`:
   the fastest of several interleaved runs),
   plus a per-round overhead c0 + c1 x tokens regressed online (what the table does not see: the host's
   polls, the context growing);
-* the expected accepted candidates of a request at L, sum_{j <= L} min(s_j x c_j, 1): s_j an EMA of the
-  proposer's predicted survival of candidate j (the product of its confidences: DSpark's head, the MTP's
-  top-1 probability), c_j its calibration, realized / predicted survival over the candidates that were
+* the expected accepted candidates a_i(L) of request i at L, sum_{j <= L} min(s_ij x c_j, 1): s_ij an EMA of
+  the proposer's predicted survival of its candidate j (the product of its confidences: DSpark's head, the
+  MTP's top-1 probability; the batch's EMA s_j where it has not drafted yet), R_i its remaining budget,
+  c_j the calibration, realized / predicted survival over the candidates that were
   verified (clamped to 0.25..4; set when `calibration_min_observed` were first seen, an EMA after that).
   Until every candidate is calibrated (or `explore_rounds` passed) the whole block is verified: a signal
   that under-predicts (the MTP's top-1 probability does, here) would otherwise turn drafting off before
@@ -28,44 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
-# Rows of the device-side accumulator (`LengthStats.tensor` [ROWS, K]), summed over active rows and rounds.
-PREDICTED, HITS, OBSERVED, PREDICTED_OBSERVED, REQUESTS = range(5)
-ROWS = 5
-
-
-class LengthStats:
-    """The rounds' device-side record for the policy, accumulated in the verify stage without a host sync:
-    per candidate j, the predicted survival summed over the active requests of drafted rounds, and over
-    the candidates verified: how many were verified, how many survived (accepted >= j), their predicted
-    survival; row REQUESTS counts the active requests of drafted rounds. The loop reads and clears it."""
-
-    def __init__(self, num_candidates: int, device):
-        self.tensor = torch.zeros(ROWS, num_candidates, dtype=torch.float32, device=device)
-        self._positions = torch.arange(1, num_candidates + 1, device=device)
-
-    def accumulate(self, survival: torch.Tensor, kept: torch.Tensor, verified: torch.Tensor, accepted: torch.Tensor,
-                   active: torch.Tensor) -> None:
-        """survival [B, K] (predicted; float), kept [B] (candidates a confidence threshold keeps, K without
-        one: survival past them counts 0), verified [B] (candidates verified this round: min(kept, L)),
-        accepted [B] (before the EOS / budget cut), active [B] bool. In place, fixed shapes."""
-        pos = self._positions[None]
-        live = active[:, None].float()
-        predicted = survival.float() * (pos <= kept[:, None]) * live
-        observed = (pos <= verified[:, None]).float() * live
-        t = self.tensor
-        t[PREDICTED] += predicted.sum(0)
-        t[HITS] += ((accepted[:, None] >= pos) * observed).sum(0)
-        t[OBSERVED] += observed.sum(0)
-        t[PREDICTED_OBSERVED] += (predicted * observed).sum(0)
-        t[REQUESTS] += live.sum()
-
-    def read(self) -> list[list[float]]:
-        """The rows since the last read, cleared (a host read: the loop does it where it polls anyway)."""
-        rows = self.tensor.tolist()
-        self.tensor.zero_()
-        return rows
+from dmtp.decode.length_stats import HITS, OBSERVED, PREDICTED, PREDICTED_OBSERVED, REQUESTS, Readout
 
 
 class VerifyLengthPolicy:
@@ -95,12 +63,16 @@ class VerifyLengthPolicy:
         self.current: int | None = None
         self._zero_run = 0
         self.requests = 1.0                            # active requests per round at the last readout
+        self.request_survival: list[list[float] | None] = []   # per request, at the last readout
+        self.remaining: list[int] = []
 
     # -- what the rounds report ------------------------------------------------------------------------
-    def observe(self, rows: Sequence[Sequence[float]], rounds: int, seconds: float, length: int) -> None:
+    def observe(self, readout: Readout, rounds: int, seconds: float, length: int) -> None:
         """One readout of `LengthStats` after `rounds` rounds at `length`, which took `seconds` of wall time."""
         if rounds < 1:
             return
+        rows = readout.rows
+        self.request_survival, self.remaining = readout.request_survival, readout.remaining
         self.rounds_seen += rounds
         drafted = rows[REQUESTS][0]
         if drafted > 0:
@@ -149,21 +121,33 @@ class VerifyLengthPolicy:
         self.overhead = (max(0.0, my - c1 * mx), c1)
 
     # -- the choice --------------------------------------------------------------------------------------
-    def expected_accepted(self) -> list[float]:
-        """accept[L] for L = 0..K: expected accepted candidates of a request verified at L."""
+    def expected_accepted(self, survival: Sequence[float] | None = None) -> list[float]:
+        """accept[L] for L = 0..K: expected accepted candidates of a request verified at L (`survival`: its
+        own predicted survival; default the batch's EMA)."""
         out, run = [0.0], 0.0
-        for s, c in zip(self.survival or [1.0] * self.k, self.calibration):
+        for s, c in zip(survival or self.survival or [1.0] * self.k, self.calibration):
             run += min(s * c, 1.0)
             out.append(run)
         return out
 
     def throughput(self) -> list[float]:
-        """Expected tokens per second at each L (per request: the batch's count cancels but for c1)."""
+        """Expected tokens per second of the batch at each L until it ends (module docstring); before any
+        readout of requests, one request's rate."""
         c0, c1 = self.overhead
+        live = [(r, s) for r, s in zip(self.remaining, self.request_survival) if r > 0]
+        if not live:
+            out = []
+            for length, acc in enumerate(self.expected_accepted()):
+                tokens = self.requests * (1.0 + acc)
+                out.append(tokens / (self.costs[length] + c0 + c1 * tokens))
+            return out
+        accepts = [self.expected_accepted(s) for _, s in live]
+        total = sum(r for r, _ in live)
         out = []
-        for length, acc in enumerate(self.expected_accepted()):
-            tokens = self.requests * (1.0 + acc)
-            out.append(tokens / (self.costs[length] + c0 + c1 * tokens))
+        for length in range(self.k + 1):
+            rates = [1.0 + acc[length] for acc in accepts]
+            rounds = max(r / rate for (r, _), rate in zip(live, rates))
+            out.append(total / (rounds * (self.costs[length] + c0 + c1 * sum(rates))))
         return out
 
     def choose(self) -> int:

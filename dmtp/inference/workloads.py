@@ -20,10 +20,15 @@ def decode_workloads(decoders: dict[str, Decoder], workloads: dict[str, list[lis
     if general.schedules_verification and not any(d.predicts_confidence for d in decoders.values()):
         raise ValueError(f"confidence_threshold={general.confidence_threshold} needs a drafter with a confidence "
                          f"head (drafter=dspark); none of {', '.join(decoders)} predicts acceptance")
+    if general.chooses_length and not any(d.signals_acceptance for d in decoders.values()):
+        raise ValueError(f"verify_length=auto needs a method with an acceptance signal (a drafter with a confidence "
+                         f"head, an MTP-led drafter, mtp415); none of {', '.join(decoders)} has one")
     for name, dec in decoders.items():
-        # Confidence-scheduled verification applies to the drafters that predict acceptance; the baselines
-        # beside them verify their whole block.
+        # Confidence-scheduled verification applies to the drafters that predict acceptance, a length chosen per
+        # batch to those with an acceptance signal; the baselines beside them verify their whole block.
         sampling = general if dec.predicts_confidence else replace(general, confidence_threshold=0.0)
+        if not dec.signals_acceptance:
+            sampling = replace(sampling, verify_length="full")
         if warmup and previous is None:
             first = next(iter(workloads.values()))
             graphs = dec.fixed_shapes   # graphs / compiled stages: warm up (capture, compile) at the measured shapes

@@ -1,0 +1,77 @@
+"""What the rounds record for `verify_length=auto` (dmtp/decode/verify_length.py), on the device, in the verify
+stage, with no host sync: the loop reads it at its `done` polls (`LengthStats.read` -> `Readout`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Rows of the batch-wide accumulator (`LengthStats.tensor` [ROWS, K]), summed over active requests and rounds.
+PREDICTED, HITS, OBSERVED, PREDICTED_OBSERVED, REQUESTS = range(5)
+ROWS = 5
+
+
+@dataclass
+class Readout:
+    """One read: `rows` [ROWS][K] since the last read; per request, its predicted survival of candidates
+    1..K (an EMA over the rounds it drafted in; None where it has not drafted yet) and its remaining
+    output budget (0 once it is done)."""
+    rows: list[list[float]]
+    request_survival: list[list[float] | None]
+    remaining: list[int]
+
+
+class LengthStats:
+    """Per candidate j, the predicted survival summed over the active requests of drafted rounds, and over
+    the candidates verified: how many were verified, how many survived (accepted >= j), their predicted
+    survival; row REQUESTS counts the active requests of drafted rounds. Per request, an EMA of its
+    predicted survival (`request_decay` per drafted round): a static batch ends with its slowest request."""
+
+    def __init__(self, batch: int, num_candidates: int, device, request_decay: float = 0.8):
+        self.tensor = torch.zeros(ROWS, num_candidates, dtype=torch.float32, device=device)
+        self.request_survival = torch.zeros(batch, num_candidates, dtype=torch.float32, device=device)
+        self.request_seen = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.request_decay = request_decay
+        self._positions = torch.arange(1, num_candidates + 1, device=device)
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """What `accumulate` writes (the verify stage declares them)."""
+        return self.tensor, self.request_survival, self.request_seen
+
+    def reset(self) -> None:
+        for t in self.tensors:
+            t.zero_()
+
+    def accumulate(self, survival: torch.Tensor, kept: torch.Tensor, verified: torch.Tensor, accepted: torch.Tensor,
+                   active: torch.Tensor) -> None:
+        """survival [B, K] (predicted; float), kept [B] (candidates a confidence threshold keeps, K without
+        one: survival past them counts 0), verified [B] (candidates verified this round: min(kept, L)),
+        accepted [B] (before the EOS / budget cut), active [B] bool. In place, fixed shapes."""
+        pos = self._positions[None]
+        live = active[:, None].float()
+        effective = survival.float() * (pos <= kept[:, None])
+        predicted = effective * live
+        observed = (pos <= verified[:, None]).float() * live
+        t = self.tensor
+        t[PREDICTED] += predicted.sum(0)
+        t[HITS] += ((accepted[:, None] >= pos) * observed).sum(0)
+        t[OBSERVED] += observed.sum(0)
+        t[PREDICTED_OBSERVED] += (predicted * observed).sum(0)
+        t[REQUESTS] += live.sum()
+        d = self.request_decay
+        ema = torch.where(self.request_seen[:, None], d * self.request_survival + (1 - d) * effective, effective)
+        self.request_survival.copy_(torch.where(active[:, None], ema, self.request_survival))
+        self.request_seen.logical_or_(active)
+
+    def read(self, remaining: torch.Tensor) -> Readout:
+        """The record since the last read, its batch-wide rows cleared; `remaining` [B]: each request's output
+        budget left, 0 once done (a host read: the loop does it where it polls anyway)."""
+        rows = self.tensor.tolist()
+        self.tensor.zero_()
+        per = torch.cat([self.request_survival, self.request_seen[:, None].float(),
+                         remaining[:, None].float()], dim=1).tolist()
+        return Readout(rows, [r[:-2] if r[-2] else None for r in per], [int(r[-1]) for r in per])
+
+
+__all__ = ["HITS", "OBSERVED", "PREDICTED", "PREDICTED_OBSERVED", "REQUESTS", "ROWS", "LengthStats", "Readout"]
