@@ -275,17 +275,17 @@ def test_policy_picks_the_length_with_the_most_expected_tokens_per_second():
 def test_a_static_batch_is_as_fast_as_its_slowest_request():
     """Two requests: drafting doubles one's rate and barely moves the other's. Per active request (vLLM's
     refilled batches) drafting pays; in a static batch, which ends with the slow request, it does not."""
-    costs = [1.0, 1.4]
+    costs = [1.0, 1.3]
     fast, slow = [0.99], [0.05]
     rate = VerifyLengthPolicy(costs, explore_rounds=0)
     observe(rate, [0.52], [0], [0])
-    assert rate.choose() == 1                          # per request: 1.52 tokens / 1.4 beats 1 / 1
+    assert rate.choose() == 1                          # per request: 1.52 tokens / 1.3 beats 1 / 1
     batch = VerifyLengthPolicy(costs, explore_rounds=0)
     observe(batch, [0.52], [0], [0], per_request=[(60, fast), (60, slow)])
-    assert batch.choose() == 0                          # the slow one needs 60 / 1.05 rounds of 1.4: 80 > 60
+    assert batch.choose() == 0                          # the slow one needs 60 / 1.05 rounds of 1.3: 74 > 60
     one = VerifyLengthPolicy(costs, explore_rounds=0)
     observe(one, [0.99], [0], [0], per_request=[(60, fast), (0, slow)])   # the slow one is done
-    assert one.choose() == 1 and one.throughput() == pytest.approx([1.0, 1.99 / 1.4])
+    assert one.choose() == 1 and one.throughput() == pytest.approx([1.0, 1.99 / 1.3])
 
 
 def test_hysteresis_keeps_the_current_length_within_five_percent():
