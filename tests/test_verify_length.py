@@ -344,7 +344,7 @@ def test_drafting_off_is_probed_and_the_overhead_is_regressed():
 
 
 def test_length_stats_count_what_was_predicted_verified_and_accepted():
-    stats = LengthStats(3, 3, "cpu", request_decay=0.5)
+    stats = LengthStats(3, 3, "cpu")
     survival = torch.tensor([[0.9, 0.5, 0.2], [0.8, 0.6, 0.4], [0.7, 0.7, 0.7]])
     kept = torch.tensor([3, 1, 3])          # row 1: a threshold keeps one candidate
     verified = torch.tensor([2, 1, 2])      # L = 2
@@ -358,7 +358,7 @@ def test_length_stats_count_what_was_predicted_verified_and_accepted():
     assert rows[OBSERVED] == [3.0, 2.0, 0.0] and rows[HITS] == [3.0, 0.0, 0.0]
     assert rows[PREDICTED_OBSERVED] == pytest.approx([2.15, 0.75, 0.0]) and rows[REQUESTS] == [3.0] * 3
     assert stats.tensor.abs().sum() == 0    # read clears the batch's rows
-    # per request: an EMA over its drafted rounds (0.5 each), cut where a threshold stopped; None if never
+    # per request: the mean over its drafted rounds, cut where a threshold stopped; None if it never drafted
     assert readout.request_survival[0] == pytest.approx([0.675, 0.375, 0.15])
     assert readout.request_survival[1] == pytest.approx([0.8, 0.0, 0.0]) and readout.request_survival[2] is None
     assert readout.remaining == [5, 0, 9]

@@ -6,8 +6,9 @@ then `reps` times, the lengths interleaved so that a machine's drift reaches the
 between device syncs and followed by a restore of the state it changed (the capture protocol's `reset`:
 the rounds it runs are not decoding). The fastest of each L's runs is its cost: what other work on the
 machine adds to a run is never negative, so the minimum is the estimate least distorted by it (a median of
-5 on a 2-core machine shared with other jobs gave tables out of order by 40%); the wall time a round takes
-beyond its table entry is the policy's online overhead."""
+5 on a 2-core machine shared with other jobs gave tables out of order by 40%, the fastest of 7 still by up
+to 2x under a load of 5-6); the wall time a round takes beyond its table entry is the policy's online
+overhead."""
 from __future__ import annotations
 
 import time
@@ -15,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 
 def measure_round_costs(rounds: Sequence[Callable[[], None]], reset: Callable[[], None],
-                        sync: Callable[[], None], reps: int = 7) -> list[float]:
+                        sync: Callable[[], None], reps: int = 15) -> list[float]:
     """rounds[L]: one round verifying L candidates -> seconds per L, the fastest of `reps` (module docstring)."""
     if reps < 1:
         raise ValueError(f"reps must be >= 1, got {reps}")

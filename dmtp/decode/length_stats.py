@@ -14,7 +14,7 @@ ROWS = 5
 @dataclass
 class Readout:
     """One read: `rows` [ROWS][K] since the last read; per request, its predicted survival of candidates
-    1..K (an EMA over the rounds it drafted in; None where it has not drafted yet) and its remaining
+    1..K (the mean over the rounds it drafted in; None where it has not drafted yet) and its remaining
     output budget (0 once it is done)."""
     rows: list[list[float]]
     request_survival: list[list[float] | None]
@@ -24,20 +24,21 @@ class Readout:
 class LengthStats:
     """Per candidate j, the predicted survival summed over the active requests of drafted rounds, and over
     the candidates verified: how many were verified, how many survived (accepted >= j), their predicted
-    survival; row REQUESTS counts the active requests of drafted rounds. Per request, an EMA of its
-    predicted survival (`request_decay` per drafted round): a static batch ends with its slowest request."""
+    survival; row REQUESTS counts the active requests of drafted rounds. Per request, the mean of its
+    predicted survival over the rounds it drafted in: a static batch ends with its slowest request, whose
+    remaining rounds its long-run rate sets (a recent window's estimate, noisier, made the slowest request
+    look slower than it was: an EMA of 0.8 per round turned drafting off where it paid, batch 8)."""
 
-    def __init__(self, batch: int, num_candidates: int, device, request_decay: float = 0.8):
+    def __init__(self, batch: int, num_candidates: int, device):
         self.tensor = torch.zeros(ROWS, num_candidates, dtype=torch.float32, device=device)
-        self.request_survival = torch.zeros(batch, num_candidates, dtype=torch.float32, device=device)
-        self.request_seen = torch.zeros(batch, dtype=torch.bool, device=device)
-        self.request_decay = request_decay
+        self.request_sum = torch.zeros(batch, num_candidates, dtype=torch.float32, device=device)
+        self.request_rounds = torch.zeros(batch, dtype=torch.float32, device=device)
         self._positions = torch.arange(1, num_candidates + 1, device=device)
 
     @property
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """What `accumulate` writes (the verify stage declares them)."""
-        return self.tensor, self.request_survival, self.request_seen
+        return self.tensor, self.request_sum, self.request_rounds
 
     def reset(self) -> None:
         for t in self.tensors:
@@ -59,18 +60,16 @@ class LengthStats:
         t[OBSERVED] += observed.sum(0)
         t[PREDICTED_OBSERVED] += (predicted * observed).sum(0)
         t[REQUESTS] += live.sum()
-        d = self.request_decay
-        ema = torch.where(self.request_seen[:, None], d * self.request_survival + (1 - d) * effective, effective)
-        self.request_survival.copy_(torch.where(active[:, None], ema, self.request_survival))
-        self.request_seen.logical_or_(active)
+        self.request_sum.add_(predicted)
+        self.request_rounds.add_(active.float())
 
     def read(self, remaining: torch.Tensor) -> Readout:
         """The record since the last read, its batch-wide rows cleared; `remaining` [B]: each request's output
         budget left, 0 once done (a host read: the loop does it where it polls anyway)."""
         rows = self.tensor.tolist()
         self.tensor.zero_()
-        per = torch.cat([self.request_survival, self.request_seen[:, None].float(),
-                         remaining[:, None].float()], dim=1).tolist()
+        mean = self.request_sum / self.request_rounds.clamp(min=1)[:, None]
+        per = torch.cat([mean, self.request_rounds[:, None], remaining[:, None].float()], dim=1).tolist()
         return Readout(rows, [r[:-2] if r[-2] else None for r in per], [int(r[-1]) for r in per])
 
 

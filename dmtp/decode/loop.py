@@ -174,7 +174,7 @@ class SpecDecoder:
         # across batches and calls; the seconds spent measuring tables are reported apart, as compiling is.
         self._length_policies: dict = {}
         self.cost_table_s = 0.0
-        self.cost_table_reps = 7
+        self.cost_table_reps = 15
         self._last_length: int | None = None   # the last round's L (round_fn runs that round again)
 
     @property

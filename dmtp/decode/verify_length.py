@@ -14,8 +14,8 @@ active requests' tokens per round over the round's cost; one request: the two ar
   the fastest of several interleaved runs),
   plus a per-round overhead c0 + c1 x tokens regressed online (what the table does not see: the host's
   polls, the context growing);
-* the expected accepted candidates a_i(L) of request i at L, sum_{j <= L} min(s_ij x c_j, 1): s_ij an EMA of
-  the proposer's predicted survival of its candidate j (the product of its confidences: DSpark's head, the
+* the expected accepted candidates a_i(L) of request i at L, sum_{j <= L} min(s_ij x c_j, 1): s_ij the mean
+  of the proposer's predicted survival of its candidate j over its drafted rounds (the product of its confidences: DSpark's head, the
   MTP's top-1 probability; the batch's EMA s_j where it has not drafted yet), R_i its remaining budget,
   c_j the calibration, realized / predicted survival over the candidates that were
   verified (clamped to 0.25..4; set when `calibration_min_observed` were first seen, an EMA after that).
