@@ -9,6 +9,7 @@ are one line."""
 from __future__ import annotations
 
 import itertools
+import json
 from collections import Counter
 
 import pytest
@@ -330,10 +331,10 @@ def test_the_whole_block_is_verified_until_the_signal_is_calibrated():
     assert uncalibrated.choose() == 0   # exploring ends after explore_rounds even if nothing was verified
 
 
-def test_drafting_off_is_probed_and_the_overhead_is_regressed():
+def test_short_lengths_are_probed_with_the_whole_block_and_the_overhead_is_regressed():
     policy = VerifyLengthPolicy([1.0, 3.0, 5.0], probe_every=3, explore_rounds=0)
     observe(policy, [0.5, 0.25], [0, 0], [0, 0])
-    assert [policy.choose() for _ in range(5)] == [0, 0, 0, 1, 0]   # the best L >= 1 once after 3 zeros
+    assert [policy.choose() for _ in range(9)] == [0, 0, 0, 2, 0, 0, 0, 2, 0]   # the whole block once after 3 below
     reg = VerifyLengthPolicy([0.010, 0.012], overhead_min_samples=4)
     for tokens in (1, 2, 3, 4, 5, 6):   # a round took table + 0.002 + 0.001 x tokens
         reg.requests = tokens
@@ -383,4 +384,56 @@ def test_cost_measurement_interleaves_lengths_and_restores_after_each_run():
         resets.append(log[-1])
 
     costs = measure_round_costs([round_at(0), round_at(1), round_at(2)], reset, lambda: None, reps=2)
-    assert log == [0, 1, 2] * 3 == resets and len(costs) == 3 and costs[1] >= 0.02
+    assert log == [0, 1, 2] * 3 == resets and len(costs) == 3 and costs[1] >= 0.02   # wall clock by default
+    ticks = iter(range(100))
+    costs = measure_round_costs([round_at(0), round_at(2)], reset, lambda: None, reps=3, clock=lambda: next(ticks))
+    assert costs == [1, 1]   # the clock given: one tick per timed run
+
+
+# -- dmtp.infer ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args,message", [
+    (["verify_length=some", "methods=[ar]"], "verify_length must be full, auto or an integer >= 0"),
+    (["verify_length=auto", "methods=[ar]"], "verify_length=auto needs a method with an acceptance signal"),
+    (["verify_length=5", "methods=[mtp415]"], "verify_length=5 exceeds the 4 candidates the proposer drafts"),
+])
+def test_infer_refuses_a_bad_verify_length_in_one_line(args, message, tmp_path, micro_target_dir, monkeypatch,
+                                                       capsys):
+    from cli_runner import infer_cli
+
+    code, line, out = infer_cli([f"target.path={micro_target_dir}", "num_prompts=1", "eval.domains=[code]",
+                                 "max_new_tokens=4", "eval.prompt_tokens=8", *args], tmp_path / "run", monkeypatch,
+                                capsys)
+    assert code == 2 and line.startswith("dmtp.infer: error: " + message), (line, out)
+
+
+def test_infer_decodes_with_a_chosen_length_beside_full_length_baselines(tmp_path, micro_target_dir, monkeypatch,
+                                                                         capsys):
+    """MTP415 has a signal (auto), AR none (its whole block, K = 0): both decode, the table says so."""
+    from cli_runner import infer_cli
+
+    code, line, out = infer_cli([f"target.path={micro_target_dir}", "num_prompts=2", "eval.domains=[code]",
+                                 "max_new_tokens=12", "eval.prompt_tokens=8", "methods=[ar,mtp415]",
+                                 "verify_length=auto"], tmp_path / "run", monkeypatch, capsys)
+    assert code == 0, (line, out)
+    overall = json.loads(next((tmp_path / "run").glob("**/metrics.json")).read_text())["overall"]
+    assert "verify_length_share" not in overall["ar"]
+    share = overall["mtp415"]["verify_length_share"]
+    assert abs(sum(share.values()) - 1) < 1e-9 and overall["mtp415"]["cost_table_s"] > 0
+
+
+def test_the_realized_counts_are_the_accepted_lengths(micro_target, micro_mtp, cycling):
+    """What calibration reads back equals what the decode returned: per candidate j, the rounds that verified
+    it and the rounds that accepted it (raw acceptance, before the EOS / budget cut)."""
+    prop = proposer(micro_target, micro_mtp, "mtp415")
+    dec = SpecDecoder(micro_target, prop, eos_token_id=[])
+    res = dec.generate(PROMPTS, max_new_tokens=24, batch_size=3, sampling=AUTO)
+    (policy,) = dec._length_policies.values()
+    k = prop.num_candidates
+    observed, hits = [0.0] * k, [0.0] * k
+    for lengths, accepted in zip(res.verify_lengths, res.accepted_raw):
+        for length, a in zip(lengths, accepted):
+            for j in range(length):
+                observed[j] += 1
+                hits[j] += a >= j + 1
+    assert policy._seen[1] == observed and policy._seen[0] == hits and sum(hits) > 0

@@ -174,7 +174,10 @@ class SpecDecoder:
         # across batches and calls; the seconds spent measuring tables are reported apart, as compiling is.
         self._length_policies: dict = {}
         self.cost_table_s = 0.0
-        self.cost_table_reps = 15
+        self.cost_table_reps = 7
+        # verify_length=auto's clock: CPU time of this process on a CPU (other processes do not inflate it),
+        # wall time on CUDA (the device's time, synced)
+        self.clock = time.process_time if self.device.type == "cpu" else time.perf_counter
         self._last_length: int | None = None   # the last round's L (round_fn runs that round again)
 
     @property
@@ -512,7 +515,7 @@ class SpecDecoder:
         length = fixed if policy is None else policy.choose()
         programs: dict = {}
         run_round, current, done_lengths = None, None, []
-        mark, interval = time.perf_counter(), 0
+        mark, interval = self.clock(), 0
         for r in range(max_new + self.poll_every):
             span = self._graph_span(st, known + since * st.width)
             if run_round is None or (span, length) != current:   # outside the round's timer: a capture is not a round
@@ -529,7 +532,7 @@ class SpecDecoder:
             if (r + 1) % self.poll_every == 0:
                 finished = bool(st.done.all())
                 if policy is not None:   # the poll has synced: the rounds' record is a small read more
-                    now = time.perf_counter()
+                    now = self.clock()
                     remaining = (st.max_new - st.out_len).clamp(min=0) * ~st.done
                     policy.observe(st.length_stats.read(remaining), interval, now - mark, length)
                     mark, interval = now, 0
@@ -550,7 +553,7 @@ class SpecDecoder:
             t0 = time.perf_counter()
             rounds = [self._round_fn(st, None, span, length) for length in range(st.num_candidates + 1)]
             costs = measure_round_costs(rounds, self._state_reset(st, self.stages(st, st.num_candidates)),
-                                        self._sync, reps=self.cost_table_reps)
+                                        self._sync, reps=self.cost_table_reps, clock=self.clock)
             policy = self._length_policies[key] = VerifyLengthPolicy(costs)
             self.cost_table_s += time.perf_counter() - t0
         return policy

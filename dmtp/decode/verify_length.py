@@ -11,9 +11,9 @@ still needs at L, max_i R_i / (1 + a_i(L)), times the round's cost (with refille
 active requests' tokens per round over the round's cost; one request: the two are the same). From:
 
 * a cost table T(L), the seconds of one round at each L, measured once per batch shape (`length_costs.py`:
-  the fastest of several interleaved runs),
-  plus a per-round overhead c0 + c1 x tokens regressed online (what the table does not see: the host's
-  polls, the context growing);
+  the fastest of several interleaved runs; CPU time on a CPU, wall time on CUDA), plus a per-round overhead
+  c0 + c1 x tokens regressed online on the same clock (what the table does not see: the host's polls, the
+  context growing);
 * the expected accepted candidates a_i(L) of request i at L, sum_{j <= L} min(s_ij x c_j, 1): s_ij the mean
   of the proposer's predicted survival of its candidate j over its drafted rounds (the product of its confidences: DSpark's head, the
   MTP's top-1 probability; the batch's EMA s_j where it has not drafted yet), R_i its remaining budget,
@@ -22,8 +22,9 @@ active requests' tokens per round over the round's cost; one request: the two ar
   Until every candidate is calibrated (or `explore_rounds` passed) the whole block is verified: a signal
   that under-predicts (the MTP's top-1 probability does, here) would otherwise turn drafting off before
   the realized acceptance could correct it;
-* hysteresis: the current L stays unless another is more than 5% better; L = 0 is probed (the best L >= 1
-  for one readout) after `probe_every` readouts at 0, since rounds without drafts predict nothing.
+* hysteresis: the current L stays unless another is more than 5% better; after `probe_every` readouts in a
+  row below K, one readout verifies the whole block: rounds without drafts predict nothing, and candidates
+  past L are never verified, so their calibration would keep what the first rounds' prompts set it to.
 
 The policy only reads what earlier rounds left (`LengthStats`, read at the loop's `done` polls): L is fixed
 before a round drafts, so the round verifies a fixed shorter block, exact by the shorter block's rules in
@@ -61,7 +62,7 @@ class VerifyLengthPolicy:
         self.overhead = (0.0, 0.0)                     # c0 (s per round), c1 (s per token)
         self._samples: list[tuple[float, float]] = []
         self.current: int | None = None
-        self._zero_run = 0
+        self._short_run = 0
         self.requests = 1.0                            # active requests per round at the last readout
         self.request_survival: list[list[float] | None] = []   # per request, at the last readout
         self.remaining: list[int] = []
@@ -152,7 +153,7 @@ class VerifyLengthPolicy:
 
     def choose(self) -> int:
         """L for the next rounds: K until the signal is calibrated (module docstring); then the best expected
-        tokens per second, with hysteresis; after `probe_every` choices of 0 in a row, the best L >= 1 once."""
+        tokens per second, with hysteresis; after `probe_every` choices below K in a row, K once."""
         if self.survival is None or (not all(self.calibrated) and self.rounds_seen < self.explore_rounds):
             self.current = self.k
             return self.k
@@ -160,13 +161,12 @@ class VerifyLengthPolicy:
         best = max(range(self.k + 1), key=lambda length: tput[length])
         if self.current is not None and tput[best] <= tput[self.current] * (1.0 + self.hysteresis):
             best = self.current
-        if best == 0:
-            self._zero_run += 1
-            if self._zero_run > self.probe_every:
-                self._zero_run = 0
-                best = max(range(1, self.k + 1), key=lambda length: tput[length])
+        if best < self.k:
+            self._short_run += 1
+            if self._short_run > self.probe_every:
+                self._short_run, best = 0, self.k
         else:
-            self._zero_run = 0
+            self._short_run = 0
         self.current = best
         return best
 
