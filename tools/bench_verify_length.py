@@ -7,7 +7,9 @@ the ratios of one run).
     python tools/bench_verify_length.py --target /dev/shm/qwen3-8b-random --random-dspark --random-drafter-preset \
         dflash-qwen3-8b --dtype bfloat16 --cuda-graphs --tables-only --what-if 0.73 0.54 0.43 0.34 0.30 0.25 0.22
 
-Per batch size and method: tok/s of the full block, of auto and of AR (median and best over --reps, interleaved), tau
+Per batch size and method: tok/s of the full block, of auto and of AR (median and best over --reps, interleaved;
+on a CPU also tokens per second of the process's CPU time, which other processes on a shared machine do not
+inflate: the policy's own clock there), tau
 per verify, candidates verified per round, the share of rounds at each L and its mean, the cost table T(L)
 measured for that batch (ms per round at L = 0..K), and the policy's survival / calibration at the end.
 --tables-only: only the cost tables (random drafters at a real model's shapes: their acceptance means nothing);
@@ -21,6 +23,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -130,14 +133,19 @@ def main(argv=None) -> None:
         for _ in range(args.reps):
             for batch in args.batch_sizes:
                 for name, (dec, sampling) in runs.items():
+                    cpu0 = time.process_time()
                     res = dec.generate(prompts, max_new_tokens=args.max_new_tokens, sampling=sampling, batch_size=batch)
-                    samples.setdefault((batch, name), []).append(res.summary())
+                    summary = res.summary()
+                    summary["cpu_tokens_per_s"] = res.output_tokens / max(time.process_time() - cpu0, 1e-9)
+                    samples.setdefault((batch, name), []).append(summary)
     rows, report = [], {"runs": {}, "tables": {}, "what_if": {}}
     for name, (dec, sampling) in runs.items():
         if sampling.chooses_length:
             report["tables"][name] = {str(k): v for k, v in policy_record(dec).items()}
     for batch in args.batch_sizes:
-        ar = statistics.median(s["tokens_per_s"] for s in samples.get((batch, "ar"), [{"tokens_per_s": 0}]))
+        ar_runs = samples.get((batch, "ar"), [{"tokens_per_s": 0, "cpu_tokens_per_s": 0}])
+        ar = statistics.median(s["tokens_per_s"] for s in ar_runs)
+        ar_cpu = statistics.median(s["cpu_tokens_per_s"] for s in ar_runs)
         for name, (dec, sampling) in runs.items():
             got = samples.get((batch, name))
             if not got:
@@ -150,13 +158,16 @@ def main(argv=None) -> None:
             rows.append({"batch": batch, "method": name, "tok/s": tps, "vs_ar": tps / ar if ar else None,
                          "vs_full": tps / statistics.median(s["tokens_per_s"] for s in full) if full else None,
                          "best tok/s": best, "best vs_full": best / best_full if full else None,
+                         "cpu vs_ar": statistics.median(s["cpu_tokens_per_s"] for s in got) / ar_cpu if ar_cpu else None,
+                         "cpu vs_full": (statistics.median(s["cpu_tokens_per_s"] for s in got)
+                                         / statistics.median(s["cpu_tokens_per_s"] for s in full)) if full else None,
                          "tau": last.get("tau_per_verify"), "verified": last["verified_per_round"],
                          "mean_L": last.get("verify_length_mean"),
                          "L share": " ".join(f"{k}:{v:.2f}" for k, v in last.get("verify_length_share", {}).items())})
             report["runs"][f"{batch}/{name}"] = got
     if rows:
-        cols = ["batch", "method", "tok/s", "vs_ar", "vs_full", "best tok/s", "best vs_full", "tau", "verified", "mean_L",
-                "L share"]
+        cols = ["batch", "method", "tok/s", "vs_ar", "vs_full", "best vs_full", "cpu vs_ar", "cpu vs_full", "tau",
+                "mean_L", "L share"]
         print(format_table(rows, cols,
                            title="verify_length=auto vs the full block (greedy, all domains together)"))
     trows = []
