@@ -316,6 +316,19 @@ def test_calibration_scales_the_predicted_survival_toward_the_realized():
     assert few.calibration == [1.0, 1.0]
 
 
+def test_where_a_bin_of_predicted_survival_was_seen_enough_its_realized_survival_counts():
+    """A signal that is not proportional to acceptance: requests predicted at 0.03 are accepted 60% of the time,
+    confident ones as predicted. The global ratio would call the low ones hopeless; their bin does not."""
+    policy = VerifyLengthPolicy([1.0, 1.2, 1.4], calibration_min_observed=8, bin_min_observed=8, explore_rounds=0)
+    readout = Readout([[0.0] * 2 for _ in range(5)], [], [])
+    observe(policy, [0.9, 0.8], [9.0, 8.0], [10.0, 10.0])
+    readout.binned = [[[6.0] + [0.0] * 7, [0.0] * 8], [[10.0] + [0.0] * 7, [0.0] * 8]]   # position 1, bin <= 0.05
+    policy.observe(readout, 1, 0.0, 2)
+    assert policy.expected_accepted([0.03, 0.02])[1] == pytest.approx(0.6)           # realized, not 0.03 x 1
+    assert policy.expected_accepted([0.03, 0.02])[2] == pytest.approx(0.6 + 0.02)    # bin unseen at 2: ratio
+    assert policy.expected_accepted([0.9, 0.8])[1] == pytest.approx(0.9)
+
+
 def test_the_whole_block_is_verified_until_the_signal_is_calibrated():
     """A signal that under-predicts (predicted 0.1, realized 0.8): drafting is not turned off before the
     realized acceptance corrects it; after that, the calibrated survival decides."""
@@ -363,6 +376,11 @@ def test_length_stats_count_what_was_predicted_verified_and_accepted():
     assert readout.request_survival[0] == pytest.approx([0.675, 0.375, 0.15])
     assert readout.request_survival[1] == pytest.approx([0.8, 0.0, 0.0]) and readout.request_survival[2] is None
     assert readout.remaining == [5, 0, 9]
+    # verified candidates by bin of predicted survival (edges 0.05 0.1 0.2 0.35 0.5 0.7 0.85): hits, observed
+    hits, observed = readout.binned
+    assert observed[0] == [0, 0, 0, 0, 1, 0, 1, 1] and hits[0] == [0, 0, 0, 0, 1, 0, 1, 1]   # 0.45, 0.8, 0.9
+    assert observed[1] == [0, 0, 0, 1, 1, 0, 0, 0] and hits[1] == [0] * 8                    # 0.25, 0.5
+    assert observed[2] == [0] * 8
 
 
 def test_cost_measurement_interleaves_lengths_and_restores_after_each_run():

@@ -9,6 +9,10 @@ import torch
 # Rows of the batch-wide accumulator (`LengthStats.tensor` [ROWS, K]), summed over active requests and rounds.
 PREDICTED, HITS, OBSERVED, PREDICTED_OBSERVED, REQUESTS = range(5)
 ROWS = 5
+# Upper edges of the bins of predicted survival under which verified candidates are also counted (`binned`):
+# realized survival per bin is the calibration where a ratio to the prediction is not (a request the signal
+# calls hopeless is accepted far more often than that, relatively, than a confident one).
+SURVIVAL_BINS = (0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 0.85)
 
 
 @dataclass
@@ -19,6 +23,7 @@ class Readout:
     rows: list[list[float]]
     request_survival: list[list[float] | None]
     remaining: list[int]
+    binned: list[list[list[float]]] | None = None   # [2][K][bins]: hits, observed per bin of predicted survival
 
 
 class LengthStats:
@@ -33,12 +38,14 @@ class LengthStats:
         self.tensor = torch.zeros(ROWS, num_candidates, dtype=torch.float32, device=device)
         self.request_sum = torch.zeros(batch, num_candidates, dtype=torch.float32, device=device)
         self.request_rounds = torch.zeros(batch, dtype=torch.float32, device=device)
+        self.binned = torch.zeros(2, num_candidates, len(SURVIVAL_BINS) + 1, dtype=torch.float32, device=device)
+        self._edges = torch.tensor(SURVIVAL_BINS, dtype=torch.float32, device=device)
         self._positions = torch.arange(1, num_candidates + 1, device=device)
 
     @property
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """What `accumulate` writes (the verify stage declares them)."""
-        return self.tensor, self.request_sum, self.request_rounds
+        return self.tensor, self.request_sum, self.request_rounds, self.binned
 
     def reset(self) -> None:
         for t in self.tensors:
@@ -55,22 +62,29 @@ class LengthStats:
         predicted = effective * live
         observed = (pos <= verified[:, None]).float() * live
         t = self.tensor
+        hits = (accepted[:, None] >= pos) * observed
         t[PREDICTED] += predicted.sum(0)
-        t[HITS] += ((accepted[:, None] >= pos) * observed).sum(0)
+        t[HITS] += hits.sum(0)
         t[OBSERVED] += observed.sum(0)
         t[PREDICTED_OBSERVED] += (predicted * observed).sum(0)
         t[REQUESTS] += live.sum()
         self.request_sum.add_(predicted)
         self.request_rounds.add_(active.float())
+        bins = torch.nn.functional.one_hot(torch.bucketize(effective.contiguous(), self._edges),
+                                           self.binned.shape[-1]).float()              # [B, K, bins]
+        self.binned[0] += (bins * hits[..., None]).sum(0)
+        self.binned[1] += (bins * observed[..., None]).sum(0)
 
     def read(self, remaining: torch.Tensor) -> Readout:
         """The record since the last read, its batch-wide rows cleared; `remaining` [B]: each request's output
         budget left, 0 once done (a host read: the loop does it where it polls anyway)."""
-        rows = self.tensor.tolist()
+        rows, binned = self.tensor.tolist(), self.binned.tolist()
         self.tensor.zero_()
+        self.binned.zero_()
         mean = self.request_sum / self.request_rounds.clamp(min=1)[:, None]
         per = torch.cat([mean, self.request_rounds[:, None], remaining[:, None].float()], dim=1).tolist()
-        return Readout(rows, [r[:-2] if r[-2] else None for r in per], [int(r[-1]) for r in per])
+        return Readout(rows, [r[:-2] if r[-2] else None for r in per], [int(r[-1]) for r in per], binned)
 
 
-__all__ = ["HITS", "OBSERVED", "PREDICTED", "PREDICTED_OBSERVED", "REQUESTS", "ROWS", "LengthStats", "Readout"]
+__all__ = ["HITS", "OBSERVED", "PREDICTED", "PREDICTED_OBSERVED", "REQUESTS", "ROWS", "SURVIVAL_BINS", "LengthStats",
+           "Readout"]

@@ -18,7 +18,10 @@ active requests' tokens per round over the round's cost; one request: the two ar
   of the proposer's predicted survival of its candidate j over its drafted rounds (the product of its confidences: DSpark's head, the
   MTP's top-1 probability; the batch's EMA s_j where it has not drafted yet), R_i its remaining budget,
   c_j the calibration, realized / predicted survival over the candidates that were
-  verified (clamped to 0.25..4; set when `calibration_min_observed` were first seen, an EMA after that).
+  verified (clamped to 0.25..4; set when `calibration_min_observed` were first seen, an EMA after that);
+  where `bin_min_observed` candidates j were verified with a predicted survival in the bin of s_ij
+  (`SURVIVAL_BINS`), their realized survival instead: the signal is not proportional to acceptance (the
+  MTP's top-1 probability of a prose request, 0.02-0.05, was accepted 3x the global ratio and more).
   Until every candidate is calibrated (or `explore_rounds` passed) the whole block is verified: a signal
   that under-predicts (the MTP's top-1 probability does, here) would otherwise turn drafting off before
   the realized acceptance could correct it;
@@ -34,7 +37,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dmtp.decode.length_stats import HITS, OBSERVED, PREDICTED, PREDICTED_OBSERVED, REQUESTS, Readout
+import bisect
+
+from dmtp.decode.length_stats import (HITS, OBSERVED, PREDICTED, PREDICTED_OBSERVED, REQUESTS, SURVIVAL_BINS,
+                                      Readout)
 
 
 class VerifyLengthPolicy:
@@ -43,6 +49,7 @@ class VerifyLengthPolicy:
     def __init__(self, costs: Sequence[float], *, hysteresis: float = 0.05, survival_decay: float = 0.9,
                  calibration_decay: float = 0.8, calibration_min_observed: float = 16.0,
                  ratio_range: tuple[float, float] = (0.25, 4.0), probe_every: int = 16, explore_rounds: int = 64,
+                 bin_min_observed: float = 8.0,
                  overhead_window: int = 129, overhead_min_samples: int = 16, overhead_gate_s: float = 0.25):
         if len(costs) < 2 or not all(c > 0 for c in costs):
             raise ValueError(f"a cost table needs positive seconds for L = 0..K (K >= 1), got {list(costs)}")
@@ -57,6 +64,9 @@ class VerifyLengthPolicy:
         self.calibration = [1.0] * self.k
         self.calibrated = [False] * self.k
         self.explore_rounds, self.rounds_seen = explore_rounds, 0
+        self.bin_min_observed = bin_min_observed
+        bins = len(SURVIVAL_BINS) + 1
+        self.binned = [[[0.0] * bins for _ in range(self.k)] for _ in range(2)]   # hits, observed: totals
         self._seen = [[0.0] * self.k for _ in range(3)]    # hits, observed, predicted-observed: totals
         self._at_update = [[0.0] * self.k for _ in range(3)]
         self.overhead = (0.0, 0.0)                     # c0 (s per round), c1 (s per token)
@@ -74,6 +84,10 @@ class VerifyLengthPolicy:
             return
         rows = readout.rows
         self.request_survival, self.remaining = readout.request_survival, readout.remaining
+        if readout.binned is not None:
+            for total, new in zip(self.binned, readout.binned):
+                for per_j, add in zip(total, new):
+                    per_j[:] = [a + b for a, b in zip(per_j, add)]
         self.rounds_seen += rounds
         drafted = rows[REQUESTS][0]
         if drafted > 0:
@@ -126,8 +140,10 @@ class VerifyLengthPolicy:
         """accept[L] for L = 0..K: expected accepted candidates of a request verified at L (`survival`: its
         own predicted survival; default the batch's EMA)."""
         out, run = [0.0], 0.0
-        for s, c in zip(survival or self.survival or [1.0] * self.k, self.calibration):
-            run += min(s * c, 1.0)
+        for j, (s, c) in enumerate(zip(survival or self.survival or [1.0] * self.k, self.calibration)):
+            b = bisect.bisect_left(SURVIVAL_BINS, s)
+            hits, observed = self.binned[0][j][b], self.binned[1][j][b]
+            run += hits / observed if observed >= self.bin_min_observed else min(s * c, 1.0)
             out.append(run)
         return out
 
