@@ -254,8 +254,9 @@ def observe(policy, survival, hits, observed, rounds=1, seconds=0.0, length=None
     rows[HITS], rows[OBSERVED] = list(hits), list(observed)
     rows[PREDICTED_OBSERVED] = [s * o for s, o in zip(survival, observed)]
     rows[REQUESTS] = [requests * rounds] * k
-    per_request = per_request or []
-    readout = Readout(rows, [s for _, s in per_request], [r for r, _ in per_request])
+    per_request = per_request or []   # (remaining, survival) or (remaining, survival, rounds it is the mean of)
+    readout = Readout(rows, [p[1] for p in per_request], [p[0] for p in per_request],
+                      request_rounds=[p[2] if len(p) > 2 else 10 ** 6 for p in per_request])
     policy.observe(readout, rounds, seconds, k if length is None else length)
 
 
@@ -287,6 +288,9 @@ def test_a_static_batch_is_as_fast_as_its_slowest_request():
     one = VerifyLengthPolicy(costs, explore_rounds=0)
     observe(one, [0.99], [0], [0], per_request=[(60, fast), (0, slow)])   # the slow one is done
     assert one.choose() == 1 and one.throughput() == pytest.approx([1.0, 1.99 / 1.3])
+    early = VerifyLengthPolicy(costs, explore_rounds=0, prior_rounds=4)
+    observe(early, [0.9], [0], [0], per_request=[(60, [0.9]), (60, slow, 1)])   # one round of it: mostly the batch's
+    assert early.choose() == 1 and early._shrunk(slow, 1) == pytest.approx([0.8 * 0.9 + 0.2 * 0.05])
 
 
 def test_hysteresis_keeps_the_current_length_within_five_percent():

@@ -104,7 +104,8 @@ def main(argv=None) -> None:
         if not (d.model.has_confidence or d.model.injection.mtp_steps):
             print(f"bench_verify_length: {path} predicts no acceptance (no confidence head, no MTP): left out")
             continue
-        drafters[f"{Path(path).parent.name}/{d.label}"] = ("drafter", d.model, d.mtp)
+        run = Path(path).parent.name if Path(path).name == "drafter" else Path(path).name   # <run>/drafter, or a dir
+        drafters[f"{run}/{d.label}"] = ("drafter", d.model, d.mtp)
     if args.random_dspark:
         size = random_drafter_size(args, ap, target.model.num_layers)
         model = fresh_drafter_for(target.model, "raw_dflash", random_drafter_mask_id(target.tokenizer, target.model),
@@ -186,7 +187,7 @@ def main(argv=None) -> None:
     cols = ["method", "rows", "T(L) ms, L = 0..K", "survival (EMA)", "calibration"]
     if args.what_if:
         cols += ["what-if L", "vs full", "vs off"]
-    print(format_table(trows, cols, title="cost tables T(L) measured per batch (median round, ms)"))
+    print(format_table(trows, cols, title="cost tables T(L) measured per batch (fastest round, ms; CPU time on a CPU)"))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1, default=str))
         print(f"report written to {args.out}")

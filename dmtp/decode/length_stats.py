@@ -24,6 +24,7 @@ class Readout:
     request_survival: list[list[float] | None]
     remaining: list[int]
     binned: list[list[list[float]]] | None = None   # [2][K][bins]: hits, observed per bin of predicted survival
+    request_rounds: list[int] | None = None          # per request, the rounds its survival is the mean of
 
 
 class LengthStats:
@@ -83,7 +84,8 @@ class LengthStats:
         self.binned.zero_()
         mean = self.request_sum / self.request_rounds.clamp(min=1)[:, None]
         per = torch.cat([mean, self.request_rounds[:, None], remaining[:, None].float()], dim=1).tolist()
-        return Readout(rows, [r[:-2] if r[-2] else None for r in per], [int(r[-1]) for r in per], binned)
+        return Readout(rows, [r[:-2] if r[-2] else None for r in per], [int(r[-1]) for r in per], binned,
+                       [int(r[-2]) for r in per])
 
 
 __all__ = ["HITS", "OBSERVED", "PREDICTED", "PREDICTED_OBSERVED", "REQUESTS", "ROWS", "SURVIVAL_BINS", "LengthStats",

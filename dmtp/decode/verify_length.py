@@ -15,10 +15,11 @@ active requests' tokens per round over the round's cost; one request: the two ar
   c0 + c1 x tokens regressed online on the same clock (what the table does not see: the host's polls, the
   context growing);
 * the expected accepted candidates a_i(L) of request i at L, sum_{j <= L} min(s_ij x c_j, 1): s_ij the mean
-  of the proposer's predicted survival of its candidate j over its drafted rounds (the product of its confidences: DSpark's head, the
-  MTP's top-1 probability; the batch's EMA s_j where it has not drafted yet), R_i its remaining budget,
-  c_j the calibration, realized / predicted survival over the candidates that were
-  verified (clamped to 0.25..4; set when `calibration_min_observed` were first seen, an EMA after that);
+  of the proposer's predicted survival of its candidate j over its n_i drafted rounds (the product of its
+  confidences: DSpark's head, the MTP's top-1 probability), shrunk toward the batch's EMA s_j as if that
+  were `prior_rounds` more rounds (one round's confidence is noisy, and a request turned to L = 0 on its
+  first round drafts nothing more to correct it); R_i its remaining budget; c_j the calibration, realized /
+  predicted survival over the candidates that were verified (clamped to 0.25..4; set when `calibration_min_observed` were first seen, an EMA after that);
   where `bin_min_observed` candidates j were verified with a predicted survival in the bin of s_ij
   (`SURVIVAL_BINS`), their realized survival instead: the signal is not proportional to acceptance (the
   MTP's top-1 probability of a prose request, 0.02-0.05, was accepted 3x the global ratio and more).
@@ -49,7 +50,7 @@ class VerifyLengthPolicy:
     def __init__(self, costs: Sequence[float], *, hysteresis: float = 0.05, survival_decay: float = 0.9,
                  calibration_decay: float = 0.8, calibration_min_observed: float = 16.0,
                  ratio_range: tuple[float, float] = (0.25, 4.0), probe_every: int = 16, explore_rounds: int = 64,
-                 bin_min_observed: float = 8.0,
+                 bin_min_observed: float = 8.0, prior_rounds: float = 4.0,
                  overhead_window: int = 129, overhead_min_samples: int = 16, overhead_gate_s: float = 0.25):
         if len(costs) < 2 or not all(c > 0 for c in costs):
             raise ValueError(f"a cost table needs positive seconds for L = 0..K (K >= 1), got {list(costs)}")
@@ -64,7 +65,8 @@ class VerifyLengthPolicy:
         self.calibration = [1.0] * self.k
         self.calibrated = [False] * self.k
         self.explore_rounds, self.rounds_seen = explore_rounds, 0
-        self.bin_min_observed = bin_min_observed
+        self.bin_min_observed, self.prior_rounds = bin_min_observed, prior_rounds
+        self.request_rounds: list[int] = []
         bins = len(SURVIVAL_BINS) + 1
         self.binned = [[[0.0] * bins for _ in range(self.k)] for _ in range(2)]   # hits, observed: totals
         self._seen = [[0.0] * self.k for _ in range(3)]    # hits, observed, predicted-observed: totals
@@ -84,6 +86,7 @@ class VerifyLengthPolicy:
             return
         rows = readout.rows
         self.request_survival, self.remaining = readout.request_survival, readout.remaining
+        self.request_rounds = readout.request_rounds or [0] * len(self.remaining)
         if readout.binned is not None:
             for total, new in zip(self.binned, readout.binned):
                 for per_j, add in zip(total, new):
@@ -151,7 +154,8 @@ class VerifyLengthPolicy:
         """Expected tokens per second of the batch at each L until it ends (module docstring); before any
         readout of requests, one request's rate."""
         c0, c1 = self.overhead
-        live = [(r, s) for r, s in zip(self.remaining, self.request_survival) if r > 0]
+        live = [(r, self._shrunk(s, n)) for r, s, n in zip(self.remaining, self.request_survival, self.request_rounds)
+                if r > 0]
         if not live:
             out = []
             for length, acc in enumerate(self.expected_accepted()):
@@ -166,6 +170,13 @@ class VerifyLengthPolicy:
             rounds = max(r / rate for (r, _), rate in zip(live, rates))
             out.append(total / (rounds * (self.costs[length] + c0 + c1 * sum(rates))))
         return out
+
+    def _shrunk(self, survival: list[float] | None, rounds: int) -> list[float] | None:
+        """A request's mean survival over `rounds` rounds, pulled toward the batch's EMA (`prior_rounds`)."""
+        if survival is None or self.survival is None:
+            return survival or self.survival
+        w = rounds / (rounds + self.prior_rounds)
+        return [w * s + (1 - w) * b for s, b in zip(survival, self.survival)]
 
     def choose(self) -> int:
         """L for the next rounds: K until the signal is calibrated (module docstring); then the best expected
