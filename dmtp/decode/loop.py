@@ -175,6 +175,9 @@ class SpecDecoder:
         self._length_policies: dict = {}
         self.cost_table_s = 0.0
         self.cost_table_reps = 7
+        # ... and how often it reads the rounds' record and chooses again: at a `done` poll at least this many
+        # rounds after the last (vLLM's DSpark scheduler reads every 4 steps; each read is a host round trip)
+        self.length_readout_rounds = 4
         # verify_length=auto's clock: CPU time of this process on a CPU (other processes do not inflate it),
         # wall time on CUDA (the device's time, synced)
         self.clock = time.process_time if self.device.type == "cpu" else time.perf_counter
@@ -531,7 +534,8 @@ class SpecDecoder:
             self._last_length = length
             if (r + 1) % self.poll_every == 0:
                 finished = bool(st.done.all())
-                if policy is not None:   # the poll has synced: the rounds' record is a small read more
+                if policy is not None and (interval >= self.length_readout_rounds or finished):
+                    # the poll has synced: the rounds' record is a small read more
                     now = self.clock()
                     remaining = (st.max_new - st.out_len).clamp(min=0) * ~st.done
                     policy.observe(st.length_stats.read(remaining), interval, now - mark, length)

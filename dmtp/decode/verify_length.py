@@ -49,7 +49,7 @@ class VerifyLengthPolicy:
 
     def __init__(self, costs: Sequence[float], *, hysteresis: float = 0.05, survival_decay: float = 0.9,
                  calibration_decay: float = 0.8, calibration_min_observed: float = 16.0,
-                 ratio_range: tuple[float, float] = (0.25, 4.0), probe_every: int = 16, explore_rounds: int = 64,
+                 ratio_range: tuple[float, float] = (0.25, 4.0), probe_every: int = 8, explore_rounds: int = 64,
                  bin_min_observed: float = 8.0, prior_rounds: float = 4.0,
                  overhead_window: int = 129, overhead_min_samples: int = 16, overhead_gate_s: float = 0.25):
         if len(costs) < 2 or not all(c > 0 for c in costs):
