@@ -254,9 +254,12 @@ def observe(policy, survival, hits, observed, rounds=1, seconds=0.0, length=None
     rows[HITS], rows[OBSERVED] = list(hits), list(observed)
     rows[PREDICTED_OBSERVED] = [s * o for s, o in zip(survival, observed)]
     rows[REQUESTS] = [requests * rounds] * k
-    per_request = per_request or []   # (remaining, survival) or (remaining, survival, rounds it is the mean of)
+    # per request: (remaining, survival[, rounds it is the mean of[, (observed, hits) per candidate]])
+    per_request = per_request or []
     readout = Readout(rows, [p[1] for p in per_request], [p[0] for p in per_request],
-                      request_rounds=[p[2] if len(p) > 2 else 10 ** 6 for p in per_request])
+                      request_rounds=[p[2] if len(p) > 2 else 10 ** 6 for p in per_request],
+                      request_observed=[p[3][0] if len(p) > 3 else [0.0] * k for p in per_request],
+                      request_hits=[p[3][1] if len(p) > 3 else [0.0] * k for p in per_request])
     policy.observe(readout, rounds, seconds, k if length is None else length)
 
 
@@ -291,6 +294,9 @@ def test_a_static_batch_is_as_fast_as_its_slowest_request():
     early = VerifyLengthPolicy(costs, explore_rounds=0, prior_rounds=4)
     observe(early, [0.9], [0], [0], per_request=[(60, [0.9]), (60, slow, 1)])   # one round of it: mostly the batch's
     assert early.choose() == 1 and early._shrunk(slow, 1) == pytest.approx([0.8 * 0.9 + 0.2 * 0.05])
+    seen = VerifyLengthPolicy(costs, explore_rounds=0)   # predicted 0.99 for both, one accepted 1 in 10
+    observe(seen, [0.99], [0], [0], per_request=[(60, fast), (60, fast, 10, ([10.0], [1.0]))])
+    assert seen.choose() == 0 and seen.expected_accepted(fast, ([10.0], [1.0])) == pytest.approx([0.0, 0.1])
 
 
 def test_hysteresis_keeps_the_current_length_within_five_percent():
@@ -380,6 +386,8 @@ def test_length_stats_count_what_was_predicted_verified_and_accepted():
     assert readout.request_survival[0] == pytest.approx([0.675, 0.375, 0.15])
     assert readout.request_survival[1] == pytest.approx([0.8, 0.0, 0.0]) and readout.request_survival[2] is None
     assert readout.remaining == [5, 0, 9]
+    assert readout.request_observed == [[2, 2, 0], [1, 0, 0], [0, 0, 0]]
+    assert readout.request_hits == [[2, 0, 0], [1, 0, 0], [0, 0, 0]]
     # verified candidates by bin of predicted survival (edges 0.05 0.1 0.2 0.35 0.5 0.7 0.85): hits, observed
     hits, observed = readout.binned
     assert observed[0] == [0, 0, 0, 0, 1, 0, 1, 1] and hits[0] == [0, 0, 0, 0, 1, 0, 1, 1]   # 0.45, 0.8, 0.9

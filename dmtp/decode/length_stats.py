@@ -25,20 +25,24 @@ class Readout:
     remaining: list[int]
     binned: list[list[list[float]]] | None = None   # [2][K][bins]: hits, observed per bin of predicted survival
     request_rounds: list[int] | None = None          # per request, the rounds its survival is the mean of
+    # per request and candidate j: how many rounds verified j, and in how many it survived (accepted >= j)
+    request_observed: list[list[float]] | None = None
+    request_hits: list[list[float]] | None = None
 
 
 class LengthStats:
     """Per candidate j, the predicted survival summed over the active requests of drafted rounds, and over
     the candidates verified: how many were verified, how many survived (accepted >= j), their predicted
     survival; row REQUESTS counts the active requests of drafted rounds. Per request, the mean of its
-    predicted survival over the rounds it drafted in: a static batch ends with its slowest request, whose
-    remaining rounds its long-run rate sets (a recent window's estimate, noisier, made the slowest request
+    predicted survival over the rounds it drafted in, and its own verified / survived counts per candidate:
+    a static batch ends with its slowest request, whose remaining rounds its long-run rate sets (a recent window's estimate, noisier, made the slowest request
     look slower than it was: an EMA of 0.8 per round turned drafting off where it paid, batch 8)."""
 
     def __init__(self, batch: int, num_candidates: int, device):
         self.tensor = torch.zeros(ROWS, num_candidates, dtype=torch.float32, device=device)
         self.request_sum = torch.zeros(batch, num_candidates, dtype=torch.float32, device=device)
         self.request_rounds = torch.zeros(batch, dtype=torch.float32, device=device)
+        self.request_realized = torch.zeros(2, batch, num_candidates, dtype=torch.float32, device=device)
         self.binned = torch.zeros(2, num_candidates, len(SURVIVAL_BINS) + 1, dtype=torch.float32, device=device)
         self._edges = torch.tensor(SURVIVAL_BINS, dtype=torch.float32, device=device)
         self._positions = torch.arange(1, num_candidates + 1, device=device)
@@ -46,7 +50,7 @@ class LengthStats:
     @property
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """What `accumulate` writes (the verify stage declares them)."""
-        return self.tensor, self.request_sum, self.request_rounds, self.binned
+        return self.tensor, self.request_sum, self.request_rounds, self.request_realized, self.binned
 
     def reset(self) -> None:
         for t in self.tensors:
@@ -71,6 +75,8 @@ class LengthStats:
         t[REQUESTS] += live.sum()
         self.request_sum.add_(predicted)
         self.request_rounds.add_(active.float())
+        self.request_realized[0] += observed
+        self.request_realized[1] += hits
         bins = torch.nn.functional.one_hot(torch.bucketize(effective.contiguous(), self._edges),
                                            self.binned.shape[-1]).float()              # [B, K, bins]
         self.binned[0] += (bins * hits[..., None]).sum(0)
@@ -84,8 +90,9 @@ class LengthStats:
         self.binned.zero_()
         mean = self.request_sum / self.request_rounds.clamp(min=1)[:, None]
         per = torch.cat([mean, self.request_rounds[:, None], remaining[:, None].float()], dim=1).tolist()
+        observed, hits = self.request_realized.tolist()
         return Readout(rows, [r[:-2] if r[-2] else None for r in per], [int(r[-1]) for r in per], binned,
-                       [int(r[-2]) for r in per])
+                       [int(r[-2]) for r in per], observed, hits)
 
 
 __all__ = ["HITS", "OBSERVED", "PREDICTED", "PREDICTED_OBSERVED", "REQUESTS", "ROWS", "SURVIVAL_BINS", "LengthStats",

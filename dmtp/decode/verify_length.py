@@ -18,7 +18,11 @@ active requests' tokens per round over the round's cost; one request: the two ar
   of the proposer's predicted survival of its candidate j over its n_i drafted rounds (the product of its
   confidences: DSpark's head, the MTP's top-1 probability), shrunk toward the batch's EMA s_j as if that
   were `prior_rounds` more rounds (one round's confidence is noisy, and a request turned to L = 0 on its
-  first round drafts nothing more to correct it); R_i its remaining budget; c_j the calibration, realized /
+  first round drafts nothing more to correct it), or where its candidate j was verified in
+  `request_min_observed` rounds, its own realized survival (the slowest request, which sets a static batch's
+  end, is told apart by what it accepted far better than by what was predicted for it: the DMTP + DSpark
+  batch of 24 ran at 1.5 tokens per round for its slowest request against a predicted 2.8 and more); R_i its
+  remaining budget; c_j the calibration, realized /
   predicted survival over the candidates that were verified (clamped to 0.25..4; set when `calibration_min_observed` were first seen, an EMA after that);
   where `bin_min_observed` candidates j were verified with a predicted survival in the bin of s_ij
   (`SURVIVAL_BINS`), their realized survival instead: the signal is not proportional to acceptance (the
@@ -50,7 +54,7 @@ class VerifyLengthPolicy:
     def __init__(self, costs: Sequence[float], *, hysteresis: float = 0.05, survival_decay: float = 0.9,
                  calibration_decay: float = 0.8, calibration_min_observed: float = 16.0,
                  ratio_range: tuple[float, float] = (0.25, 4.0), probe_every: int = 8, explore_rounds: int = 64,
-                 bin_min_observed: float = 8.0, prior_rounds: float = 4.0,
+                 bin_min_observed: float = 8.0, prior_rounds: float = 4.0, request_min_observed: float = 4.0,
                  overhead_window: int = 129, overhead_min_samples: int = 16, overhead_gate_s: float = 0.25):
         if len(costs) < 2 or not all(c > 0 for c in costs):
             raise ValueError(f"a cost table needs positive seconds for L = 0..K (K >= 1), got {list(costs)}")
@@ -67,6 +71,9 @@ class VerifyLengthPolicy:
         self.explore_rounds, self.rounds_seen = explore_rounds, 0
         self.bin_min_observed, self.prior_rounds = bin_min_observed, prior_rounds
         self.request_rounds: list[int] = []
+        self.request_min_observed = request_min_observed
+        self.request_observed: list[list[float]] = []
+        self.request_hits: list[list[float]] = []
         bins = len(SURVIVAL_BINS) + 1
         self.binned = [[[0.0] * bins for _ in range(self.k)] for _ in range(2)]   # hits, observed: totals
         self._seen = [[0.0] * self.k for _ in range(3)]    # hits, observed, predicted-observed: totals
@@ -86,7 +93,10 @@ class VerifyLengthPolicy:
             return
         rows = readout.rows
         self.request_survival, self.remaining = readout.request_survival, readout.remaining
-        self.request_rounds = readout.request_rounds or [0] * len(self.remaining)
+        n = len(self.remaining)
+        self.request_rounds = readout.request_rounds or [0] * n
+        self.request_observed = readout.request_observed or [[0.0] * self.k for _ in range(n)]
+        self.request_hits = readout.request_hits or [[0.0] * self.k for _ in range(n)]
         if readout.binned is not None:
             for total, new in zip(self.binned, readout.binned):
                 for per_j, add in zip(total, new):
@@ -139,14 +149,18 @@ class VerifyLengthPolicy:
         self.overhead = (max(0.0, my - c1 * mx), c1)
 
     # -- the choice --------------------------------------------------------------------------------------
-    def expected_accepted(self, survival: Sequence[float] | None = None) -> list[float]:
+    def expected_accepted(self, survival: Sequence[float] | None = None, realized=None) -> list[float]:
         """accept[L] for L = 0..K: expected accepted candidates of a request verified at L (`survival`: its
-        own predicted survival; default the batch's EMA)."""
+        own predicted survival, default the batch's EMA; `realized`: (observed, hits) per candidate, its own
+        counts, which count where it has enough)."""
         out, run = [0.0], 0.0
         for j, (s, c) in enumerate(zip(survival or self.survival or [1.0] * self.k, self.calibration)):
-            b = bisect.bisect_left(SURVIVAL_BINS, s)
-            hits, observed = self.binned[0][j][b], self.binned[1][j][b]
-            run += hits / observed if observed >= self.bin_min_observed else min(s * c, 1.0)
+            if realized is not None and realized[0][j] >= self.request_min_observed:
+                run += realized[1][j] / realized[0][j]
+            else:
+                b = bisect.bisect_left(SURVIVAL_BINS, s)
+                hits, observed = self.binned[0][j][b], self.binned[1][j][b]
+                run += hits / observed if observed >= self.bin_min_observed else min(s * c, 1.0)
             out.append(run)
         return out
 
@@ -154,20 +168,21 @@ class VerifyLengthPolicy:
         """Expected tokens per second of the batch at each L until it ends (module docstring); before any
         readout of requests, one request's rate."""
         c0, c1 = self.overhead
-        live = [(r, self._shrunk(s, n)) for r, s, n in zip(self.remaining, self.request_survival, self.request_rounds)
-                if r > 0]
+        live = [(r, self._shrunk(s, n), realized) for r, s, n, realized in
+                zip(self.remaining, self.request_survival, self.request_rounds,
+                    zip(self.request_observed, self.request_hits)) if r > 0]
         if not live:
             out = []
             for length, acc in enumerate(self.expected_accepted()):
                 tokens = self.requests * (1.0 + acc)
                 out.append(tokens / (self.costs[length] + c0 + c1 * tokens))
             return out
-        accepts = [self.expected_accepted(s) for _, s in live]
-        total = sum(r for r, _ in live)
+        accepts = [self.expected_accepted(s, realized) for _, s, realized in live]
+        total = sum(r for r, _, _ in live)
         out = []
         for length in range(self.k + 1):
             rates = [1.0 + acc[length] for acc in accepts]
-            rounds = max(r / rate for (r, _), rate in zip(live, rates))
+            rounds = max(r / rate for (r, _, _), rate in zip(live, rates))
             out.append(total / (rounds * (self.costs[length] + c0 + c1 * sum(rates))))
         return out
 
