@@ -294,9 +294,11 @@ def test_a_static_batch_is_as_fast_as_its_slowest_request():
     early = VerifyLengthPolicy(costs, explore_rounds=0, prior_rounds=4)
     observe(early, [0.9], [0], [0], per_request=[(60, [0.9]), (60, slow, 1)])   # one round of it: mostly the batch's
     assert early.choose() == 1 and early._shrunk(slow, 1) == pytest.approx([0.8 * 0.9 + 0.2 * 0.05])
-    seen = VerifyLengthPolicy(costs, explore_rounds=0)   # predicted 0.99 for both, one accepted 1 in 10
-    observe(seen, [0.99], [0], [0], per_request=[(60, fast), (60, fast, 10, ([10.0], [1.0]))])
-    assert seen.choose() == 0 and seen.expected_accepted(fast, ([10.0], [1.0])) == pytest.approx([0.0, 0.1])
+    seen = VerifyLengthPolicy(costs, explore_rounds=0, request_prior=8)   # predicted 0.99 for both, one accepted 2 in 40
+    observe(seen, [0.99], [0], [0], per_request=[(60, fast), (60, fast, 40, ([40.0], [2.0]))])
+    assert seen.choose() == 0
+    assert seen.expected_accepted(fast, ([40.0], [2.0])) == pytest.approx([0.0, (2 + 8 * 0.99) / 48])
+    assert seen.expected_accepted(fast, ([2.0], [0.0])) == pytest.approx([0.0, 8 * 0.99 / 10])   # 2 rounds: prior
 
 
 def test_hysteresis_keeps_the_current_length_within_five_percent():

@@ -18,11 +18,12 @@ active requests' tokens per round over the round's cost; one request: the two ar
   of the proposer's predicted survival of its candidate j over its n_i drafted rounds (the product of its
   confidences: DSpark's head, the MTP's top-1 probability), shrunk toward the batch's EMA s_j as if that
   were `prior_rounds` more rounds (one round's confidence is noisy, and a request turned to L = 0 on its
-  first round drafts nothing more to correct it), or where its candidate j was verified in
-  `request_min_observed` rounds, its own realized survival (the slowest request, which sets a static batch's
-  end, is told apart by what it accepted far better than by what was predicted for it: the DMTP + DSpark
-  batch of 24 ran at 1.5 tokens per round for its slowest request against a predicted 2.8 and more); R_i its
-  remaining budget; c_j the calibration, realized /
+  first round drafts nothing more to correct it), then blended with its own realized survival of j as
+  (hits + m p) / (verified + m), m = `request_prior` rounds of the prediction p (the slowest request, which
+  sets a static batch's end, is told apart by what it accepted far better than by what was predicted for it:
+  the DMTP + DSpark batch of 24 ran at 1.5 tokens per round for its slowest request against a predicted 2.8
+  and more; the prior keeps a few unlucky rounds from turning a request's drafting off); R_i its remaining
+  budget; c_j the calibration, realized /
   predicted survival over the candidates that were verified (clamped to 0.25..4; set when `calibration_min_observed` were first seen, an EMA after that);
   where `bin_min_observed` candidates j were verified with a predicted survival in the bin of s_ij
   (`SURVIVAL_BINS`), their realized survival instead: the signal is not proportional to acceptance (the
@@ -54,7 +55,7 @@ class VerifyLengthPolicy:
     def __init__(self, costs: Sequence[float], *, hysteresis: float = 0.05, survival_decay: float = 0.9,
                  calibration_decay: float = 0.8, calibration_min_observed: float = 16.0,
                  ratio_range: tuple[float, float] = (0.25, 4.0), probe_every: int = 8, explore_rounds: int = 64,
-                 bin_min_observed: float = 8.0, prior_rounds: float = 4.0, request_min_observed: float = 4.0,
+                 bin_min_observed: float = 8.0, prior_rounds: float = 4.0, request_prior: float = 8.0,
                  overhead_window: int = 129, overhead_min_samples: int = 16, overhead_gate_s: float = 0.25):
         if len(costs) < 2 or not all(c > 0 for c in costs):
             raise ValueError(f"a cost table needs positive seconds for L = 0..K (K >= 1), got {list(costs)}")
@@ -71,7 +72,7 @@ class VerifyLengthPolicy:
         self.explore_rounds, self.rounds_seen = explore_rounds, 0
         self.bin_min_observed, self.prior_rounds = bin_min_observed, prior_rounds
         self.request_rounds: list[int] = []
-        self.request_min_observed = request_min_observed
+        self.request_prior = request_prior
         self.request_observed: list[list[float]] = []
         self.request_hits: list[list[float]] = []
         bins = len(SURVIVAL_BINS) + 1
@@ -152,15 +153,16 @@ class VerifyLengthPolicy:
     def expected_accepted(self, survival: Sequence[float] | None = None, realized=None) -> list[float]:
         """accept[L] for L = 0..K: expected accepted candidates of a request verified at L (`survival`: its
         own predicted survival, default the batch's EMA; `realized`: (observed, hits) per candidate, its own
-        counts, which count where it has enough)."""
+        counts, blended with the prediction as `request_prior` rounds of it)."""
         out, run = [0.0], 0.0
         for j, (s, c) in enumerate(zip(survival or self.survival or [1.0] * self.k, self.calibration)):
-            if realized is not None and realized[0][j] >= self.request_min_observed:
-                run += realized[1][j] / realized[0][j]
-            else:
-                b = bisect.bisect_left(SURVIVAL_BINS, s)
-                hits, observed = self.binned[0][j][b], self.binned[1][j][b]
-                run += hits / observed if observed >= self.bin_min_observed else min(s * c, 1.0)
+            b = bisect.bisect_left(SURVIVAL_BINS, s)
+            hits, observed = self.binned[0][j][b], self.binned[1][j][b]
+            p = hits / observed if observed >= self.bin_min_observed else min(s * c, 1.0)
+            if realized is not None:
+                m = self.request_prior
+                p = (realized[1][j] + m * p) / (realized[0][j] + m)
+            run += p
             out.append(run)
         return out
 
