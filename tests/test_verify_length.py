@@ -268,7 +268,7 @@ def test_policy_picks_the_length_with_the_most_expected_tokens_per_second():
     assert flat.choose() == 7                                     # nothing known yet: the whole block
     observe(flat, [0.9 ** j for j in range(1, 8)], [0] * 7, [0] * 7)
     assert flat.choose() == 7                                     # rounds cost the same: verify everything
-    steep = VerifyLengthPolicy([1.0 + length for length in range(8)], explore_rounds=0)   # each candidate costs a whole round more
+    steep = VerifyLengthPolicy([1.0 + n for n in range(8)], explore_rounds=0)   # a candidate costs a round more
     observe(steep, [0.5 ** j for j in range(1, 8)], [0] * 7, [0] * 7)
     assert steep.choose() == 0                                    # drafting does not pay: off
     knee = VerifyLengthPolicy([1.0, 1.0, 1.0, 1.0, 3.0, 3.0, 3.0, 3.0], explore_rounds=0)
@@ -294,7 +294,7 @@ def test_a_static_batch_is_as_fast_as_its_slowest_request():
     early = VerifyLengthPolicy(costs, explore_rounds=0, prior_rounds=4)
     observe(early, [0.9], [0], [0], per_request=[(60, [0.9]), (60, slow, 1)])   # one round of it: mostly the batch's
     assert early.choose() == 1 and early._shrunk(slow, 1) == pytest.approx([0.8 * 0.9 + 0.2 * 0.05])
-    seen = VerifyLengthPolicy(costs, explore_rounds=0, request_prior=8)   # predicted 0.99 for both, one accepted 2 in 40
+    seen = VerifyLengthPolicy(costs, explore_rounds=0, request_prior=8)   # predicted 0.99, one accepted 2 in 40
     observe(seen, [0.99], [0], [0], per_request=[(60, fast), (60, fast, 40, ([40.0], [2.0]))])
     assert seen.choose() == 0
     assert seen.expected_accepted(fast, ([40.0], [2.0])) == pytest.approx([0.0, (2 + 8 * 0.99) / 48])
@@ -427,7 +427,7 @@ def test_cost_measurement_interleaves_lengths_and_restores_after_each_run():
 @pytest.mark.parametrize("args,message", [
     (["verify_length=some", "methods=[ar]"], "verify_length must be full, auto or an integer >= 0"),
     (["verify_length=auto", "methods=[ar]"], "verify_length=auto needs a method with an acceptance signal"),
-    (["verify_length=5", "methods=[mtp415]"], "verify_length=5 exceeds the 4 candidates the proposer drafts"),
+    (["verify_length=5", "methods=[ar,mtp415]"], "verify_length=5 exceeds the 4 candidates the proposer drafts"),
 ])
 def test_infer_refuses_a_bad_verify_length_in_one_line(args, message, tmp_path, micro_target_dir, monkeypatch,
                                                        capsys):
@@ -437,6 +437,26 @@ def test_infer_refuses_a_bad_verify_length_in_one_line(args, message, tmp_path, 
                                  "max_new_tokens=4", "eval.prompt_tokens=8", *args], tmp_path / "run", monkeypatch,
                                 capsys)
     assert code == 2 and line.startswith("dmtp.infer: error: " + message), (line, out)
+
+
+def test_a_fixed_length_longer_than_a_methods_block_is_refused_before_anything_decodes(micro_target, micro_mtp,
+                                                                                     monkeypatch):
+    """AR (nothing to verify) decodes first and keeps its block of 0; MTP415's 4 candidates cannot verify 5:
+    refused before AR's first round. A length that fits both decodes (AR at its own block)."""
+    from dmtp.inference.workloads import decode_workloads
+
+    decoders = {"ar": SpecDecoder(micro_target, build_proposer("ar", micro_target)),
+                "mtp415": SpecDecoder(micro_target, build_proposer("mtp415", micro_target, mtp=micro_mtp))}
+    calls = []
+    generate = SpecDecoder.generate
+    monkeypatch.setattr(SpecDecoder, "generate", lambda self, *a, **k: calls.append(self) or generate(self, *a, **k))
+    with pytest.raises(ValueError, match=r"^verify_length=5 exceeds the 4 candidates"):
+        decode_workloads(decoders, {"p": PROMPTS}, max_new_tokens=6, sampling=SamplingConfig(verify_length=5),
+                         batch_size=2, warmup=False)
+    assert calls == []
+    out = decode_workloads(decoders, {"p": PROMPTS}, max_new_tokens=6, sampling=SamplingConfig(verify_length=3),
+                           batch_size=2, warmup=False)
+    assert out["overall"]["mtp415"]["verified_per_round"] == 3 and out["overall"]["ar"]["verified_per_round"] == 0
 
 
 def test_infer_decodes_with_a_chosen_length_beside_full_length_baselines(tmp_path, micro_target_dir, monkeypatch,

@@ -4,7 +4,8 @@ decodes from a ring bounded by its window (dmtp/drafters/window_cache.py), besid
 
     OMP_NUM_THREADS=1 python tools/bench_long_context.py --drafter <run>/drafter --window 64 \
         --contexts 256 1024 4096 16384 32768 --batch-sizes 1
-    python tools/bench_long_context.py --target /dev/shm/qwen3-8b-random --random-drafters raw_dflash,dual_anchor_zero_init \
+    python tools/bench_long_context.py --target /dev/shm/qwen3-8b-random \
+        --random-drafters raw_dflash,dual_anchor_zero_init \
         --random-drafter-preset dflash-qwen3-8b --window 2048 --dtype bfloat16 --cuda-graphs \
         --contexts 2048 8192 32768 65536 --batch-sizes 1
 
@@ -144,7 +145,7 @@ def main(argv=None) -> None:
                      "mtp ms": (med.get("mtp", 0.0) + med.get("t1_fusion", 0.0)) or None})
     rows.sort(key=lambda r: (r["batch"], r["method"], r["context"]))
     print(format_table(rows, ["batch", "context", "method", "round ms", "verify ms", "drafter ms", "mtp ms"],
-                       title="a round's cost against context (drafter = draft + context append; mtp = chain + catch-up)"))
+                       title="a round's cost against context (drafter: draft + context append; mtp: chain + catch-up)"))
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
         print(f"report written to {args.out}")

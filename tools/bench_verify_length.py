@@ -159,7 +159,8 @@ def main(argv=None) -> None:
             rows.append({"batch": batch, "method": name, "tok/s": tps, "vs_ar": tps / ar if ar else None,
                          "vs_full": tps / statistics.median(s["tokens_per_s"] for s in full) if full else None,
                          "best tok/s": best, "best vs_full": best / best_full if full else None,
-                         "cpu vs_ar": statistics.median(s["cpu_tokens_per_s"] for s in got) / ar_cpu if ar_cpu else None,
+                         "cpu vs_ar": (statistics.median(s["cpu_tokens_per_s"] for s in got) / ar_cpu
+                                       if ar_cpu else None),
                          "cpu vs_full": (statistics.median(s["cpu_tokens_per_s"] for s in got)
                                          / statistics.median(s["cpu_tokens_per_s"] for s in full)) if full else None,
                          "tau": last.get("tau_per_verify"), "verified": last["verified_per_round"],

@@ -26,7 +26,8 @@ claim_process()
 from bench_long_context import windowed  # noqa: E402
 from dmtp.decode import SamplingConfig  # noqa: E402
 from dmtp.inference.prompt_sets import embedded_prompts  # noqa: E402
-from dmtp.inference.setup import build_decoder, load_drafter, load_mtp, load_target, placement, target_config  # noqa: E402
+from dmtp.inference.setup import (build_decoder, load_drafter, load_mtp, load_target, placement,  # noqa: E402
+                                  target_config)
 from dmtp.inference.workloads import add_comparisons, decode_workloads  # noqa: E402
 from dmtp.reports.tables import format_table  # noqa: E402
 

@@ -35,8 +35,9 @@ class LengthStats:
     the candidates verified: how many were verified, how many survived (accepted >= j), their predicted
     survival; row REQUESTS counts the active requests of drafted rounds. Per request, the mean of its
     predicted survival over the rounds it drafted in, and its own verified / survived counts per candidate:
-    a static batch ends with its slowest request, whose remaining rounds its long-run rate sets (a recent window's estimate, noisier, made the slowest request
-    look slower than it was: an EMA of 0.8 per round turned drafting off where it paid, batch 8)."""
+    a static batch ends with its slowest request, whose remaining rounds its long-run rate sets (a recent
+    window's estimate, noisier, made the slowest request look slower than it was: an EMA of 0.8 per round
+    turned drafting off where it paid, batch 8)."""
 
     def __init__(self, batch: int, num_candidates: int, device):
         self.tensor = torch.zeros(ROWS, num_candidates, dtype=torch.float32, device=device)

@@ -326,8 +326,8 @@ class SpecDecoder:
 
     def _verify_writes(self, st: DecodeState) -> tuple[torch.Tensor, ...]:
         """Everything `_verify` changes in place, and the runner's committed state that `advance` moves."""
-        return (*present(st.out_tokens, st.out_len, st.done, st.anchor, st.a_prev, st.y, st.acc, st.verified, st.h_verify,
-                         st.f_verify, st.acc_log, st.raw_log, st.round_idx,
+        return (*present(st.out_tokens, st.out_len, st.done, st.anchor, st.a_prev, st.y, st.acc, st.verified,
+                         st.h_verify, st.f_verify, st.acc_log, st.raw_log, st.round_idx,
                          *(st.length_stats.tensors if st.length_stats is not None else ())), *self.runner.round_state())
 
     # -- prefill ------------------------------------------------------------------------------------

@@ -23,8 +23,8 @@ active requests' tokens per round over the round's cost; one request: the two ar
   sets a static batch's end, is told apart by what it accepted far better than by what was predicted for it:
   the DMTP + DSpark batch of 24 ran at 1.5 tokens per round for its slowest request against a predicted 2.8
   and more; the prior keeps a few unlucky rounds from turning a request's drafting off); R_i its remaining
-  budget; c_j the calibration, realized /
-  predicted survival over the candidates that were verified (clamped to 0.25..4; set when `calibration_min_observed` were first seen, an EMA after that);
+  budget; c_j the calibration, realized / predicted survival over the candidates that were verified (clamped
+  to 0.25..4; set when `calibration_min_observed` were first seen, an EMA after that);
   where `bin_min_observed` candidates j were verified with a predicted survival in the bin of s_ij
   (`SURVIVAL_BINS`), their realized survival instead: the signal is not proportional to acceptance (the
   MTP's top-1 probability of a prose request, 0.02-0.05, was accepted 3x the global ratio and more).
