@@ -15,6 +15,7 @@ from dmtp.drafters.block_drafter import BlockDrafter, MTPBlockInputs
 from dmtp.drafters.dflash import CachedContext, DFlashConfig, DFlashDrafter, cached_block_mask, dflash_attention_mask
 from dmtp.drafters.dflash2 import DFlash2Config, DFlash2Drafter
 from dmtp.drafters.dspark import DSparkConfig, DSparkDrafter
+from dmtp.drafters.window_cache import WindowCache
 from dmtp.models.qwen3 import KVCache
 
 H, V, BS, MAX_LEN = 32, 48, 5, 40
@@ -118,16 +119,20 @@ def _block_drafter(arch: str, layers: str, variant: str) -> BlockDrafter:
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_drafter_state_draft_equals_concatenated_context(arch, variant):
     """`DrafterState.draft` (the decoding stage, over the span) proposes what the concatenating path proposes:
-    the same candidates, the same q and confidence to float rounding."""
+    the same candidates, the same q and confidence to float rounding. Its sliding layer keeps a ring bounded by
+    the window (`WindowCache`), filled as decoding fills it: rows up to the block's last one (anchor + B - 1, the
+    most a round's context append reaches), the position-indexed layer every row."""
     drafter = _block_drafter(arch, "sliding_mixed", variant)
     g = torch.Generator().manual_seed(3)
     embed, lm_head = torch.randn(V, H, generator=g), torch.randn(V, H, generator=g)
     b = len(ANCHORS)
     state = DrafterState(drafter, embed, lm_head)
     state.allocate(b, MAX_LEN, "cpu", torch.float32)
+    assert [type(c) for c in state.caches] == [WindowCache, KVCache]
     positions = torch.arange(MAX_LEN).expand(b, -1)
+    features = torch.randn(b, MAX_LEN, drafter.injection.context_dim, generator=g)
     with torch.no_grad():
-        state.append(torch.randn(b, MAX_LEN, drafter.injection.context_dim, generator=g), None, positions)
+        state.append(features, None, positions, lengths=torch.tensor(ANCHORS) + drafter.block_size - 1)
     anchor_pos = torch.tensor(ANCHORS)
     anchor = torch.randint(0, V, (b,), generator=g)
     mtp = None
@@ -141,7 +146,8 @@ def test_drafter_state_draft_equals_concatenated_context(arch, variant):
 
     with torch.no_grad():
         state.build(anchor, mtp)
-        ctx_kv = [(c.k[:, :, :span].clone(), c.v[:, :, :span].clone()) for c in state.caches]
+        hidden = drafter.project_context(drafter.injection.context_features(features, None))
+        ctx_kv = [(k[:, :, :span], v[:, :, :span]) for k, v in drafter.context_kv(hidden, positions)]
         want = drafter.draft_block(embed, anchor[:, None], anchor_pos[:, None], ctx_kv,
                                    torch.arange(span).expand(b, -1), mtp, lm_head_weight=lm_head, sampler=sampler,
                                    slots=state.slots)
@@ -152,9 +158,14 @@ def test_drafter_state_draft_equals_concatenated_context(arch, variant):
     assert (confidence is None) == (want.confidence is None) == (arch != "dspark")
     if confidence is not None:
         torch.testing.assert_close(confidence, want.confidence[:, 0], atol=1e-5, rtol=1e-5)
+    window = drafter.config.sliding_window
     for cache, k0 in zip(state.caches, before):
         for r, a in enumerate(ANCHORS):
-            assert torch.equal(cache.k[r, :, :a], k0[r, :, :a])
+            if isinstance(cache, WindowCache):   # the slots of the window's context rows
+                slots = [p % cache.ring for p in range(max(0, a - window + 1), a)]
+                assert torch.equal(cache.k[r, :, slots], k0[r, :, slots])
+            else:
+                assert torch.equal(cache.k[r, :, :a], k0[r, :, :a])
 
 
 def test_cached_context_takes_one_block_per_request():

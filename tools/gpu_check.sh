@@ -36,13 +36,24 @@
 #            rs_data    in realsize_train's call, after it: tools/bench_data.py --target at 8B shapes: the feature
 #                       cache's capture (bf16, fp8: bytes/s, B/token) of 16 rows x 2048 tokens, and training steps/s
 #                       fed by the bf16 cache vs by the target's forward (bf16-mixed, 5-layer drafter, 512 anchors)
+#   issue41  (not in the default list: GPU_CHECK_STEPS="issue41", one call, ~5 min by estimate) the Qwen3-8B-shaped
+#            random target (rs_target, reused when warm), then into issue41.txt:
+#            vl_tables  tools/bench_verify_length.py --tables-only: verify_length=auto's cost table T(L), a round at
+#                       each L = 0..7 captured as its own CUDA graph and timed (bf16, batch 1 / 8 / 32, a random
+#                       published-size DSpark drafter at block 8), and the L the policy picks from each table for the
+#                       survival the tiny target's trained DSpark drafter had on CPU (GPU_VL_SURVIVAL)
+#            vl_trained where gpu_wheels/trained/ was carried with drafters that predict acceptance (DSpark, DMTP):
+#                       auto vs the full block vs AR, tok/s at batch 1 / 8 / 32, CUDA graphs, fp32, interleaved
+#            lc_context tools/bench_long_context.py: a round's ms, the drafter's and the verify's apart, at
+#                       contexts GPU_LC_CONTEXTS (2k 8k 32k 64k), batch 1, raw DFlash and DMTP published-size random
+#                       drafters with full layers and the same with every layer a sliding window (GPU_LC_WINDOW, 2048)
 #            Knobs: GPU_REALSIZE_DIR (/dev/shm/dmtp_realsize), GPU_REALSIZE_SHAPE_ARGS (extra
 #            dmtp.tiny.random_target options, e.g. "--tiny" for a CPU rehearsal), GPU_REALSIZE_CONTEXTS
 #            ("256 2048 8192"), GPU_REALSIZE_BATCHES ("1 8 32").
 # Output: $OUT (the device tool's folder), else $1, else gpu_check_out/ -- at most 8 files come back:
 #   summary.txt (one line per step: rc, seconds), install.log, probe.txt, gpu_tests.txt, bench_decode.txt,
 #   bench_peer.txt (the trained step's table appended), realsize.txt, reports.tar.gz (the JSON reports and the
-#   tests' junit XML).
+#   tests' junit XML); issue41.txt in its place when that step runs instead.
 # Knobs: GPU_CHECK_STEPS="tests peer" runs a subset (a rerun in what is left of the lease; install always
 # runs); GPU_CHECK_TIME_SCALE=4 stretches every timeout (a CPU rehearsal); PYTHON (default python3);
 # GPU_WHEELS (default gpu_wheels).
@@ -272,8 +283,32 @@ rs_data() {
         --steps 10 --out "$work/bench_data.json"
 }
 
-export -f rs_target rs_table rs_peer rs_context rs_kernels rs_attention realsize_train rs_data
-export PY WHEELS work out RS_DIR RS_SHAPE_ARGS RS_CONTEXTS RS_BATCHES RS_DRAFTER RS_TRAIN_ARGS
+
+# ---- issue41: verify_length=auto's cost tables and the drafter's cost against context, at 8B shapes ------------
+VL_SURVIVAL="${GPU_VL_SURVIVAL:-0.87 0.76 0.55 0.46 0.42 0.35 0.27}"   # the CPU run's survival EMA (BENCHMARKS.md)
+LC_CONTEXTS="${GPU_LC_CONTEXTS:-2048 8192 32768 65536}"
+LC_WINDOW="${GPU_LC_WINDOW:-2048}"
+vl_tables() {
+    "$PY" tools/bench_verify_length.py --target "$RS_DIR" --random-dspark $RS_DRAFTER --random-block-size 8 \
+        --dtype bfloat16 --cuda-graphs --tables-only --batch-sizes $RS_BATCHES --what-if $VL_SURVIVAL \
+        --out "$work/verify_length_tables.json"
+}
+vl_trained() {   # a trained target's drafters: tau means something here
+    local drafters=() d
+    for d in "$WHEELS"/trained/drafters/*/; do drafters+=(--drafter "${d%/}"); done
+    "$PY" tools/bench_verify_length.py --target "$WHEELS/trained/target" "${drafters[@]}" --mtp415 --dtype float32 \
+        --cuda-graphs --batch-sizes $RS_BATCHES --reps 2 --out "$work/verify_length_trained.json"
+}
+lc_context() {
+    "$PY" tools/bench_long_context.py --target "$RS_DIR" --random-drafters raw_dflash,dual_anchor_zero_init \
+        $RS_DRAFTER --window "$LC_WINDOW" --dtype bfloat16 --cuda-graphs --contexts $LC_CONTEXTS --batch-sizes 1 \
+        --rounds 8 --out "$work/long_context.json"
+}
+
+export -f rs_target rs_table rs_peer rs_context rs_kernels rs_attention realsize_train rs_data vl_tables vl_trained \
+    lc_context
+export PY WHEELS work out RS_DIR RS_SHAPE_ARGS RS_CONTEXTS RS_BATCHES RS_DRAFTER RS_TRAIN_ARGS VL_SURVIVAL LC_CONTEXTS \
+    LC_WINDOW
 
 # The limits add up to 500 s (under the 540 s call): install 60, probe 40, target 45, tests 170,
 # bench 2 x 55, peer 75; plus trained 110 where carried (a 600 s call then). Typical times are far below; a
@@ -316,6 +351,13 @@ if wants realsize || wants realsize_train; then
     # The console gets the tables but not the kernel lists (they are in realsize.txt): the call's tail is 12k characters.
     quiet <"$out/realsize.txt" | awk '/^kernels of/{skip=1} skip&&/^\| total/{skip=0; next} !skip' \
         | grep -vE "^report written|^\[random_target\] model-|Loading weights|USDT|profiler_st|gpuGetDeviceCount" | tail -120
+fi
+if wants issue41; then
+    # Limits (x SCALE): target 90, tables 150, context 150, trained 120: 510 s with install, under one 600 s call.
+    { step rs_target 90 rs_target && {
+        step lc_context 150 lc_context; step vl_tables 150 vl_tables
+        if [ -d "$WHEELS/trained/target" ]; then step vl_trained 120 vl_trained; fi; }; } >"$out/issue41.txt" 2>&1
+    quiet <"$out/issue41.txt" | grep -vE "^report written|^\[random_target\] model-|Loading weights" | tail -80
 fi
 if wants trained && [ -d "$WHEELS/trained/target" ]; then   # last: the figures above come back even if it runs out
     step trained 110 bench_trained >>"$out/bench_peer.txt" 2>&1

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dmtp.decode.length_costs import measure_round_costs
 from dmtp.decode.metrics import AcceptanceRecorder, throughput
 from dmtp.decode.proposers import (ARProposer, DrafterProposer, MTPChainProposer, Proposer)
 from dmtp.decode.runners import TargetRunner
@@ -45,6 +46,7 @@ from dmtp.decode.state import DecodeState, ProposerReads, StateSize, TargetWidth
 from dmtp.decode.stage_timer import StageTimer
 from dmtp.decode.verify import (accept_block_verification, accept_rejection_sampling, accept_target_only,
                                 probs_from_logits, sample_tokens)
+from dmtp.decode.verify_length import VerifyLengthPolicy
 from dmtp.models.block_size import BLOCK_SIZE_RANGE
 
 # The device-side acceptance rule of each mode that verifies drafts sampled from the proposers' q.
@@ -67,6 +69,7 @@ class DecodeResult:
     batches: int
     sampling: SamplingConfig
     extra: dict = field(default_factory=dict)
+    verify_lengths: list[list[int]] | None = None   # per request, per round: candidates the round verified (L)
 
     @property
     def output_tokens(self) -> int:
@@ -167,10 +170,28 @@ class SpecDecoder:
         self.vocab_size = target.lm_head.weight.shape[0]
         self.st: DecodeState | None = None
         self._graphs: dict = {}
+        # verify_length=auto: one policy (its measured cost table) per batch rows and sampling mode, kept
+        # across batches and calls; the seconds spent measuring tables are reported apart, as compiling is.
+        self._length_policies: dict = {}
+        self.cost_table_s = 0.0
+        self.cost_table_reps = 7
+        # ... and how often it reads the rounds' record and chooses again: at a `done` poll at least this many
+        # rounds after the last (vLLM's DSpark scheduler reads every 4 steps; each read is a host round trip)
+        self.length_readout_rounds = 4
+        # verify_length=auto's clock: CPU time of this process on a CPU (other processes do not inflate it),
+        # wall time on CUDA (the device's time, synced)
+        self.clock = time.process_time if self.device.type == "cpu" else time.perf_counter
+        self._last_length: int | None = None   # the last round's L (round_fn runs that round again)
 
     @property
     def num_candidates(self) -> int:
         return self.proposer.num_candidates
+
+    @property
+    def signals_acceptance(self) -> bool:
+        """Its proposer predicts each candidate's acceptance (a confidence head, the MTP's top-1): verify_length=auto
+        applies to it."""
+        return bool(self.proposer.signals_acceptance)
 
     @property
     def predicts_confidence(self) -> bool:
@@ -211,7 +232,8 @@ class SpecDecoder:
         self.proposer.set_sampling(sampling)   # before any capture: graphs are keyed by the sampling mode
         st = self.st
         reuse = (st is not None and st.batch == batch and st.max_len >= need_len and st.max_new_cap >= max_new
-                 and st.sampling.uses_draft_probs == sampling.uses_draft_probs)
+                 and st.sampling.uses_draft_probs == sampling.uses_draft_probs
+                 and st.sampling.chooses_length == sampling.chooses_length)
         if reuse:
             st.sampling = sampling
             return st
@@ -231,40 +253,60 @@ class SpecDecoder:
         self._graphs.clear()
         return st
 
-    def stages(self, st: DecodeState) -> list[Stage]:
-        """The round's stages in order, each with the state it writes. Names: mtp, t1_fusion, drafter, verify."""
-        if st.sampling.schedules_verification and not self.proposer.predicts_confidence:
-            raise ValueError(f"confidence_threshold={st.sampling.confidence_threshold} needs a drafter with a "
+    def check_options(self, sampling: SamplingConfig) -> int | None:
+        """One line for an option this proposer cannot honour; -> the fixed verify length (None: auto)."""
+        if sampling.schedules_verification and not self.proposer.predicts_confidence:
+            raise ValueError(f"confidence_threshold={sampling.confidence_threshold} needs a drafter with a "
                              f"confidence head (drafter=dspark); {self.proposer.name} predicts no acceptance")
-        verify = Stage("verify", lambda: self._verify(st), writes=self._verify_writes(st),
+        if sampling.chooses_length and not self.proposer.signals_acceptance:
+            raise ValueError(f"verify_length=auto needs an acceptance signal (a drafter with a confidence head, "
+                             f"drafter=dspark, or an MTP-led method); {self.proposer.name} has none")
+        return sampling.fixed_length(self.num_candidates)
+
+    def stages(self, st: DecodeState, length: int | None = None) -> list[Stage]:
+        """The round's stages in order, each with the state it writes. Names: mtp, t1_fusion, drafter, verify.
+        `length`: the candidates verified, L (None: the run's fixed length; K for verify_length=auto); L = 0
+        drafts nothing and verifies A alone, the proposer's state still follows the committed rows."""
+        fixed = self.check_options(st.sampling)
+        k = length if length is not None else fixed if fixed is not None else st.num_candidates
+        verify = Stage("verify", lambda: self._verify(st, k), writes=self._verify_writes(st),
                        scratch=tuple(self.runner.scratch_state()))
-        return self.proposer.propose_stages(st) + [verify] + self.proposer.advance_stages(st)
+        return (self.proposer.propose_stages(st) if k else []) + [verify] + self.proposer.advance_stages(st, k + 1)
 
     # -- the verify/accept stage ------------------------------------------------------------------
-    def _verify(self, st: DecodeState) -> None:
-        s, k = st.sampling, st.num_candidates
+    def _verify(self, st: DecodeState, length: int) -> None:
+        """Verify [A, c1..cL] (L = `length`, the rules of a block of L candidates) and commit the round."""
+        s, k = st.sampling, length
         runner = self.runner
-        tokens = torch.cat([st.anchor[:, None], st.candidates], dim=1) if k else st.anchor[:, None]
-        positions = runner.lengths[:, None] + st.offsets
+        offsets = st.offsets[:k + 1]
+        candidates = st.candidates[:, :k]
+        q = st.q[:, :k] if st.q is not None else None
+        tokens = torch.cat([st.anchor[:, None], candidates], dim=1) if k else st.anchor[:, None]
+        positions = runner.lengths[:, None] + offsets
         out = runner.verify(tokens, positions)
-        limit = st.verify_limit if s.schedules_verification and k else None
+        scheduled = s.schedules_verification and k
+        limit = st.verify_limit.clamp(max=k) if scheduled else None
         if s.uses_draft_probs and k:
             p = probs_from_logits(out.logits, s.temperature, s.top_k, s.top_p)
             accept = _ACCEPT_WITH_DRAFT_PROBS[s.verification]
-            y, acc = accept(st.candidates, st.q, p, generator=st.generator, limit=limit)
+            y, acc = accept(candidates, q, p, generator=st.generator, limit=limit)
         else:
             y = sample_tokens(out.logits, s.temperature, s.top_k, s.top_p, generator=st.generator)
-            acc = accept_target_only(st.candidates, y, limit)
+            acc = accept_target_only(candidates, y, limit)
         active = ~st.done
-        st.verified.add_(st.verify_limit * active)
-        w = st.width
+        verified = limit if limit is not None else torch.full_like(st.verify_limit, k)
+        st.verified.add_(verified * active)
+        if st.length_stats is not None and k:   # what verify_length=auto learns from this round
+            # verify_limit: the candidates a confidence threshold keeps (K without one)
+            st.length_stats.accumulate(st.confidence.cumprod(-1), st.verify_limit, verified, acc, active)
+        w = k + 1
         hit = (y[..., None] == st.eos).any(-1)
-        first_eos = torch.where(hit, st.offsets, w).amin(1)
+        first_eos = torch.where(hit, offsets, w).amin(1)
         remaining = st.max_new - st.out_len
         eff = torch.minimum(torch.minimum(acc, first_eos), remaining - 1).clamp_min(0)
         n = (eff + 1) * active
-        emit = (st.offsets[None] <= eff[:, None]) & active[:, None]
-        idx = st.out_len[:, None] + st.offsets
+        emit = (offsets[None] <= eff[:, None]) & active[:, None]
+        idx = st.out_len[:, None] + offsets
         st.out_tokens.scatter_(1, idx, torch.where(emit, y, st.out_tokens.gather(1, idx)))
         st.out_len.add_(n)
         finished = (hit & emit).any(1) | (st.out_len >= st.max_new)
@@ -272,12 +314,12 @@ class SpecDecoder:
         st.anchor.copy_(torch.where(active, y.gather(1, eff[:, None]).squeeze(1), st.anchor))
         st.a_prev.copy_(runner.lengths)
         runner.advance(n)
-        st.y.copy_(y)
+        st.y[:, :w].copy_(y)
         st.acc.copy_(eff)
         if st.h_verify is not None:
-            st.h_verify.copy_(out.last_hidden)
+            st.h_verify[:, :w].copy_(out.last_hidden)
         if st.f_verify is not None:
-            st.f_verify.copy_(out.layer_hidden)
+            st.f_verify[:, :w].copy_(out.layer_hidden)
         r = st.round_idx.clamp(max=st.rounds_cap - 1)
         st.acc_log[r] = torch.where(active, eff, -1)[None]   # indexed assignments: in place when compiled too
         st.raw_log[r] = torch.where(active, acc, -1)[None]
@@ -285,8 +327,9 @@ class SpecDecoder:
 
     def _verify_writes(self, st: DecodeState) -> tuple[torch.Tensor, ...]:
         """Everything `_verify` changes in place, and the runner's committed state that `advance` moves."""
-        return (*present(st.out_tokens, st.out_len, st.done, st.anchor, st.a_prev, st.y, st.acc, st.verified, st.h_verify,
-                         st.f_verify, st.acc_log, st.raw_log, st.round_idx), *self.runner.round_state())
+        return (*present(st.out_tokens, st.out_len, st.done, st.anchor, st.a_prev, st.y, st.acc, st.verified,
+                         st.h_verify, st.f_verify, st.acc_log, st.raw_log, st.round_idx,
+                         *(st.length_stats.tensors if st.length_stats is not None else ())), *self.runner.round_state())
 
     # -- prefill ------------------------------------------------------------------------------------
     def _prefill(self, st: DecodeState, prompts: list[list[int]], max_new: int) -> None:
@@ -336,6 +379,7 @@ class SpecDecoder:
         accepted: list[list[int]] = [[] for _ in range(n_req)]
         accepted_raw: list[list[int]] = [[] for _ in range(n_req)]
         ttft = [0.0] * n_req
+        lengths_per_request: list[list[int]] = [[] for _ in range(n_req)]
         verified = 0
         timer = self._make_timer()
         cpu_gen = None
@@ -347,7 +391,7 @@ class SpecDecoder:
                 self._generator = torch.Generator(device=self.device)
             cpu_gen = self._generator.manual_seed(seed)
         bar = _progress(n_req, f"decode {self.proposer.name}", progress)
-        compile_before = self.compile_s
+        compile_before, tables_before = self.compile_s, self.cost_table_s
         self._sync()
         t_start = time.perf_counter()
         prefill_s = 0.0
@@ -369,7 +413,7 @@ class SpecDecoder:
             prefill_s += t_first
             for i in ids:
                 ttft[i] = t_first
-            self._decode_rounds(st, max_new_tokens, timer)
+            round_lengths = self._decode_rounds(st, max_new_tokens, timer)
             out_len = st.out_len.cpu().tolist()
             out_tok = st.out_tokens.cpu()
             n_rounds = min(int(st.round_idx.item()), st.rounds_cap)
@@ -379,12 +423,14 @@ class SpecDecoder:
                 tokens[i] = out_tok[row, :out_len[row]].tolist()
                 accepted[i] = [a for a in acc_log[row] if a >= 0]
                 accepted_raw[i] = [a for a in raw_log[row] if a >= 0]
+                lengths_per_request[i] = [n for n, a in zip(round_lengths, raw_log[row]) if a >= 0]
             verified += int(st.verified[:len(ids)].sum())
             batches += 1
             bar.update(len(ids))
         self._sync()
         compile_s = self.compile_s - compile_before   # compiling is not decoding: reported apart
-        wall = time.perf_counter() - t_start - compile_s
+        table_s = self.cost_table_s - tables_before   # nor is measuring verify_length=auto's cost tables
+        wall = time.perf_counter() - t_start - compile_s - table_s
         bar.close()
         return DecodeResult(self.proposer.name, self.num_candidates, tokens, accepted, accepted_raw,
                             [len(p) for p in prompts], wall, prefill_s, ttft,
@@ -394,7 +440,9 @@ class SpecDecoder:
                                    "compiled": self.compiled and sampling.greedy, "compile_s": compile_s,
                                    "attention": getattr(self.runner, "attention", "hf"),
                                    # candidates verified per round (K without confidence scheduling)
-                                   "verified_per_round": verified / max(1, sum(map(len, accepted_raw)))})
+                                   "verified_per_round": verified / max(1, sum(map(len, accepted_raw))),
+                                   **_length_summary(lengths_per_request, sampling, table_s)},
+                            verify_lengths=lengths_per_request)
 
     # -- rounds ---------------------------------------------------------------------------------------
     def _make_timer(self) -> StageTimer | None:
@@ -423,18 +471,20 @@ class SpecDecoder:
             return None
         return min(st.max_len, _round_up(longest_bound + st.width + 1, self.graph_span_step))
 
-    def _round_fn(self, st: DecodeState, timer, span: int | None = None) -> Callable[[], None]:
-        """One round of `st`'s batch: the captured / compiled program of `span` (captured on first use;
-        the runner's span is that program's whenever it runs, as its shapes were captured with it), else
-        the stages eagerly over the live span. `timer`: anything with `.stage(name)` giving a context.
+    def _round_fn(self, st: DecodeState, timer, span: int | None = None,
+                  length: int | None = None) -> Callable[[], None]:
+        """One round of `st`'s batch verifying `length` candidates (None: the run's fixed length): the
+        captured / compiled program of (`span`, `length`) (captured on first use; the runner's span is that
+        program's whenever it runs, as its shapes were captured with it), else the stages eagerly over the
+        live span. `timer`: anything with `.stage(name)` giving a context.
         A capture's warm-up passes advance the lengths past the bucket: their writes stay inside the
         caches (which have room for them), their reads are cut to the span, and the state is restored."""
         if self.replays_program(st.sampling):
-            key = (st.batch, st.max_len, st.sampling.key(), span)
+            key = (st.batch, st.max_len, st.sampling.key(), span, length)
             program = self._graphs.get(key)
             if program is None:
                 self.runner.span = span
-                program = self._capture(st)
+                program = self._capture(st, length)
                 self._graphs[key] = program
 
             def replay():
@@ -442,7 +492,7 @@ class SpecDecoder:
                 program.replay(timer)
 
             return replay
-        stages = self.stages(st)
+        stages = self.stages(st, length)
         lengths = self.runner.lengths
 
         def run_round():
@@ -458,30 +508,64 @@ class SpecDecoder:
         its kernels). Rounds past every request's end only rewrite scratch rows: nothing read back changes."""
         if self.st is None:
             raise RuntimeError("round_fn() needs a batch: call generate() first")
-        return self._round_fn(self.st, timer, self.runner.span if self.use_graphs else None)
+        return self._round_fn(self.st, timer, self.runner.span if self.use_graphs else None, self._last_length)
 
-    def _decode_rounds(self, st: DecodeState, max_new: int, timer: StageTimer | None) -> None:
+    def _decode_rounds(self, st: DecodeState, max_new: int, timer: StageTimer | None) -> list[int]:
+        """The batch's rounds; -> the candidates each round verified (L per round)."""
         buckets = self._graph_span(st, 0) is not None
         known, since = st.longest_bound, 0   # host bound on the longest length: known + since x width
-        run_round, current = None, -1
+        fixed = self.check_options(st.sampling)
+        policy = None if fixed is not None else self._length_policy(st, self._graph_span(st, known))
+        length = fixed if policy is None else policy.choose()
+        programs: dict = {}
+        run_round, current, done_lengths = None, None, []
+        mark, interval = self.clock(), 0
         for r in range(max_new + self.poll_every):
             span = self._graph_span(st, known + since * st.width)
-            if run_round is None or span != current:   # outside the round's timer: a capture is not a round
-                run_round, current = self._round_fn(st, timer, span), span
+            if run_round is None or (span, length) != current:   # outside the round's timer: a capture is not a round
+                current = (span, length)
+                if current not in programs:
+                    programs[current] = self._round_fn(st, timer, span, length)
+                run_round = programs[current]
             with (timer.round() if timer is not None else contextlib.nullcontext()):
                 run_round()
             since += 1
+            interval += 1
+            done_lengths.append(length)
+            self._last_length = length
             if (r + 1) % self.poll_every == 0:
-                if bool(st.done.all()):
+                finished = bool(st.done.all())
+                if policy is not None and (interval >= self.length_readout_rounds or finished):
+                    # the poll has synced: the rounds' record is a small read more
+                    now = self.clock()
+                    remaining = (st.max_new - st.out_len).clamp(min=0) * ~st.done
+                    policy.observe(st.length_stats.read(remaining), interval, now - mark, length)
+                    mark, interval = now, 0
+                    length = policy.choose()
+                if finished:
                     break
                 if buckets:   # the poll has synced already: one more small read tightens the bound
                     known, since = int(self.runner.lengths.max()), 0
+        return done_lengths
 
-    def _capture(self, st: DecodeState):
-        """CUDA graphs or compiled stages of the round. The stages run during the capture / compile
-        warm-up mutate the state and draw from the run's seeded generator: both are put back (the state
-        the stages declare they write; their scratch rows lie past the committed lengths)."""
-        stages = self.stages(st)
+    def _length_policy(self, st: DecodeState, span: int | None) -> VerifyLengthPolicy:
+        """verify_length=auto's policy for this batch shape and sampling mode: on first use, the cost table
+        is measured on the live state (each L's round captured / compiled first where rounds replay a
+        program), the state restored after every measured round; its seconds are reported apart."""
+        key = (st.batch, st.sampling.key())
+        policy = self._length_policies.get(key)
+        if policy is None:
+            t0 = time.perf_counter()
+            rounds = [self._round_fn(st, None, span, length) for length in range(st.num_candidates + 1)]
+            costs = measure_round_costs(rounds, self._state_reset(st, self.stages(st, st.num_candidates)),
+                                        self._sync, reps=self.cost_table_reps, clock=self.clock)
+            policy = self._length_policies[key] = VerifyLengthPolicy(costs)
+            self.cost_table_s += time.perf_counter() - t0
+        return policy
+
+    def _state_reset(self, st: DecodeState, stages: list[Stage]) -> Callable[[], None]:
+        """Puts back what `stages` declare they write and the run's generator: rounds run for a capture, a
+        compile warm-up or a cost measurement are not decoding (their scratch rows lie past the committed lengths)."""
         saved = snapshot(stages)
         gen = st.generator
         gen_state = gen.get_state() if gen is not None else None
@@ -491,6 +575,14 @@ class SpecDecoder:
             if gen is not None:
                 gen.set_state(gen_state)
 
+        return reset
+
+    def _capture(self, st: DecodeState, length: int | None = None):
+        """CUDA graphs or compiled stages of the round. The stages run during the capture / compile
+        warm-up mutate the state and draw from the run's seeded generator: both are put back (the state
+        the stages declare they write; their scratch rows lie past the committed lengths)."""
+        stages = self.stages(st, length)
+        reset = self._state_reset(st, stages)
         if self.use_graphs:
             from dmtp.decode.graphs import RoundGraphs
 
@@ -504,6 +596,20 @@ class SpecDecoder:
         program.warm_up(reset=reset)
         self.compile_s += program.compile_s
         return program
+
+
+def _length_summary(lengths: list[list[int]], sampling: SamplingConfig, table_s: float) -> dict:
+    """verify_length=auto's record for the summary: the share of request-rounds verified at each L, the
+    mean L, and the seconds spent measuring cost tables (not part of the wall time)."""
+    if not sampling.chooses_length:
+        return {}
+    counts: dict[int, int] = {}
+    for rounds in lengths:
+        for n in rounds:
+            counts[n] = counts.get(n, 0) + 1
+    total = max(1, sum(counts.values()))
+    return {"verify_length_share": {str(n): counts[n] / total for n in sorted(counts)},
+            "verify_length_mean": sum(n * c for n, c in counts.items()) / total, "cost_table_s": table_s}
 
 
 def _progress(total: int, desc: str, enabled: bool):

@@ -38,6 +38,7 @@ from dmtp.decode.stage import Stage, present
 from dmtp.decode.verify import probs_from_logits, sample_from_probs
 from dmtp.drafters.block_drafter import BlockDrafter, MTPBlockInputs
 from dmtp.drafters.dflash import CachedContext
+from dmtp.drafters.window_cache import WindowCache, ring_size
 from dmtp.models.mtp import NativeMTP
 from dmtp.models.mtp_chain import chain_mtp
 from dmtp.models.qwen3 import KVCache
@@ -51,6 +52,11 @@ def pick_tokens(logits: torch.Tensor, st) -> tuple[torch.Tensor, torch.Tensor | 
         q = probs_from_logits(logits, s.temperature, s.top_k, s.top_p)
         return sample_from_probs(q, generator=st.generator), q
     return logits.argmax(-1), None
+
+
+def top1_probability(logits: torch.Tensor) -> torch.Tensor:
+    """The MTP's confidence in its own pick: the top-1 probability of its softmax, [..., V] -> [...] float32."""
+    return torch.softmax(logits.float(), dim=-1).amax(-1)
 
 
 def _gather_pos(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -91,8 +97,9 @@ class MTPState:
     def catch_up(self, tokens: torch.Tensor, hidden: torch.Tensor, a_prev: torch.Tensor, acc: torch.Tensor,
                  span: int | None = None) -> None:
         """tokens/hidden [B, W]: the verify's target tokens y and post-norm hidden states at positions
-        a..a+W-1. Rows at a+1..a+W; the row at a+acc+1 (the new anchor) gives the next T1's hidden."""
-        positions = a_prev[:, None] + self.row_offsets
+        a..a+W-1 (W: the round's verified rows, at most the block's). Rows at a+1..a+W; the row at a+acc+1
+        (the new anchor) gives the next T1's hidden."""
+        positions = a_prev[:, None] + self.row_offsets[:tokens.shape[1]]
         g = self.mtp.forward_rows(tokens, hidden, positions, self.cache, span)
         self.h.copy_(_gather_pos(g, acc))
         if self.g_buf is not None:
@@ -137,18 +144,28 @@ class DrafterState:
         return tuple(self.caches)
 
     def allocate(self, batch: int, max_len: int, device, dtype) -> None:
+        """Per layer a cache indexed by position, or for a sliding-window layer a ring bounded by its window
+        (`WindowCache`: what it reads does not grow with the context)."""
         c = self.drafter.config
+        self.ring = ring_size(c.sliding_window, self.injection.block_size) if c.sliding_window else None
         self.caches = [KVCache(batch, c.num_key_value_heads, max_len, c.head_dim, dtype, device)
-                       for _ in range(c.num_hidden_layers)]
+                       if c.window_for(i) is None else
+                       WindowCache(batch, c.num_key_value_heads, self.ring, c.head_dim, dtype, device)
+                       for i in range(c.num_hidden_layers)]
         self.slots = torch.zeros(batch, 1, self.injection.num_slots, c.hidden_size, dtype=dtype, device=device)
 
-    def append(self, features: torch.Tensor, mtp_features: torch.Tensor | None, positions: torch.Tensor) -> None:
+    def append(self, features: torch.Tensor, mtp_features: torch.Tensor | None, positions: torch.Tensor,
+               lengths: torch.Tensor | None = None) -> None:
         """Context K/V of rows [B, R] at `positions` (rows past a request's accepted count are scratch,
-        invisible because they sit at or after the next anchor, and overwritten by the next append)."""
+        invisible because they sit at or after the next anchor, and overwritten by the next append).
+        `lengths`: a right-padded prompt's valid rows (what a window cache keeps of it)."""
         ctx = self.injection.context_features(features, mtp_features)
         hidden = self.drafter.project_context(ctx.to(self.slots.dtype))
         for cache, (k, v) in zip(self.caches, self.drafter.context_kv(hidden, positions)):
-            cache.write(positions, k, v)
+            if lengths is not None and isinstance(cache, WindowCache):
+                cache.write_prompt(positions, k, v, lengths)
+            else:
+                cache.write(positions, k, v)
 
     def build(self, anchor: torch.Tensor, mtp: MTPBlockInputs | None) -> None:
         """The block's slots (one block per request), kept for `draft`."""
@@ -161,8 +178,8 @@ class DrafterState:
         strictly before A, read from the first `span` cache slots (None: all). The block's rows are written
         into the caches at its positions (A .. A + B - 1 at most), so `span` must cover them: the loop's
         span covers every row a round touches (longest length + block width + 1)."""
-        max_len = self.caches[0].max_len
-        ctx = CachedContext(self.caches, max_len if span is None else min(span, max_len))
+        max_len = next((c.max_len for c in self.caches if not isinstance(c, WindowCache)), self.caches[0].max_len)
+        ctx = CachedContext(self.caches, max_len if span is None else min(span, max_len), self.ring)
         block = self.drafter.draft_block(self.embed_weight, anchor[:, None], anchor_pos[:, None], ctx, None, mtp,
                                          lm_head_weight=self.lm_head_weight, sampler=sampler, slots=self.slots)
         return (block.candidates[:, 0], None if block.q is None else block.q[:, 0],
@@ -187,6 +204,10 @@ class Proposer:
         if self.mtp_state is not None and self.mtp_by_mode is not None:
             self.mtp_state.mtp = self.mtp_by_mode[0 if sampling.greedy else 1]
 
+    # Whether its propose stages fill `st.confidence` (each candidate's predicted acceptance: a confidence
+    # head, the MTP's top-1 probability) when it is allocated: what verify_length=auto reads
+    signals_acceptance = False
+
     @property
     def needs_last_hidden(self) -> bool:
         return self.mtp_state is not None
@@ -206,11 +227,12 @@ class Proposer:
     def propose_stages(self, st) -> list[Stage]:
         return []
 
-    def advance_stages(self, st) -> list[Stage]:
+    def advance_stages(self, st, rows: int | None = None) -> list[Stage]:
+        """`rows`: the round's verified rows [A, c1..cL] (L + 1; None: the whole block)."""
         if self.mtp_state is None:
             return []
-        m = self.mtp_state
-        return [Stage("mtp", lambda: m.catch_up(st.y, st.h_verify, st.a_prev, st.acc, st.span),
+        m, w = self.mtp_state, rows or st.width
+        return [Stage("mtp", lambda: m.catch_up(st.y[:, :w], st.h_verify[:, :w], st.a_prev, st.acc, st.span),
                       writes=(m.h,), scratch=m.rows_past_commit)]
 
 
@@ -233,16 +255,20 @@ class MTPChainProposer(Proposer):
         self.num_candidates = steps
         self.name = name or f"mtp{steps}"
 
+    signals_acceptance = True   # its own top-1 probability at every step
+
     def propose_stages(self, st) -> list[Stage]:
         m, k = self.mtp_state, self.num_candidates
 
         def chain():
-            out = m.chain(st, k)
+            out = m.chain(st, k, keep_logits=st.confidence is not None)
             st.candidates.copy_(out.tokens)
             if st.q is not None:
                 st.q.copy_(out.q)
+            if st.confidence is not None:
+                st.confidence.copy_(top1_probability(out.logits))
 
-        return [Stage("mtp", chain, writes=present(st.candidates, st.q), scratch=(m.cache,))]
+        return [Stage("mtp", chain, writes=present(st.candidates, st.q, st.confidence), scratch=(m.cache,))]
 
 
 class DrafterProposer(Proposer):
@@ -264,6 +290,8 @@ class DrafterProposer(Proposer):
         self.num_candidates = injection.num_candidates
         self.layer_ids = drafter.layer_ids
         self.predicts_confidence = drafter.has_confidence
+        # A confidence head, or the MTP's top-1 probability for the candidates it proposes (MTP-led variants)
+        self.signals_acceptance = drafter.has_confidence or injection.mtp_steps > 0
 
     def allocate(self, st) -> None:
         super().allocate(st)
@@ -276,6 +304,9 @@ class DrafterProposer(Proposer):
         self.mtp_q = (torch.zeros(st.batch, s, st.vocab_size, dtype=torch.float32, device=st.device)
                       if st.q is not None and s else None)
         self.num_mtp = torch.full((st.batch,), min(s, 1), dtype=torch.long, device=st.device)   # m per request
+        # verify_length=auto: the MTP's top-1 probability of T1..TS (the acceptance signal of its candidates)
+        self.mtp_confidence = (torch.ones(st.batch, s, dtype=torch.float32, device=st.device)
+                               if st.confidence is not None and s else None)
         self.offsets = torch.arange(st.width, device=st.device)
 
     @property
@@ -291,7 +322,7 @@ class DrafterProposer(Proposer):
     def prefill(self, st, ids, lengths, out) -> None:
         super().prefill(st, ids, lengths, out)
         positions = torch.arange(ids.shape[1], device=ids.device).expand(ids.shape[0], -1)
-        self.dstate.append(out.layer_hidden, self._mtp_features(positions), positions)
+        self.dstate.append(out.layer_hidden, self._mtp_features(positions), positions, lengths)
 
     def propose_stages(self, st) -> list[Stage]:
         inj, d = self.injection, self.dstate
@@ -300,12 +331,16 @@ class DrafterProposer(Proposer):
         mtp = (MTPBlockInputs(self.mtp_tokens[:, None, :steps], self.mtp_hidden[:, None], self.num_mtp[:, None],
                               None if self.mtp_q is None else self.mtp_q[:, None]) if steps else None)
 
+        signal = self.mtp_confidence
+
         def chain():   # T1..TS, the hiddens that predicted them and their q; m from the chain's logits
-            out = self.mtp_state.chain(st, steps, keep_logits=steps > 1)
+            out = self.mtp_state.chain(st, steps, keep_logits=steps > 1 or signal is not None)
             self.mtp_tokens.copy_(out.tokens)
             self.mtp_hidden.copy_(out.hidden)
             if self.mtp_q is not None:
                 self.mtp_q.copy_(out.q)
+            if signal is not None:
+                signal.copy_(top1_probability(out.logits))
             if steps > 1:   # one step: m = 1 always (set at allocation)
                 self.num_mtp.copy_(inj.choose_num_mtp(out.logits))
 
@@ -325,27 +360,32 @@ class DrafterProposer(Proposer):
                 st.q.copy_(q)
             if schedule:   # verify the leading candidates whose predicted survival reaches the threshold
                 st.verify_limit.copy_((conf.cumprod(-1) >= threshold).sum(-1))
+            if st.confidence is not None:   # the head's (1 at the MTP's candidates) times the MTP's top-1 there
+                st.confidence.copy_(torch.ones_like(st.confidence) if conf is None else conf)
+                if signal is not None:
+                    st.confidence.mul_(inj.merge_candidates(signal, torch.ones_like(signal[:, :1]).expand(
+                        -1, inj.num_drafter_candidates), self.num_mtp))
 
         # The block's K/V go into the context caches at rows from the anchor on: scratch, as the append's.
-        drafting = Stage("drafter", draft, writes=present(st.candidates, st.q, st.verify_limit if schedule else None),
-                         scratch=d.context_caches)
+        drafting = Stage("drafter", draft, writes=present(st.candidates, st.q, st.verify_limit if schedule else None,
+                                                          st.confidence), scratch=d.context_caches)
         if steps == 0:   # raw DFlash: no MTP
             return [Stage("t1_fusion", t1_fusion, writes=(d.slots,)), drafting]
-        chain_writes = present(self.mtp_tokens, self.mtp_hidden, self.mtp_q)
+        chain_writes = present(self.mtp_tokens, self.mtp_hidden, self.mtp_q, signal)
         if steps == 1:   # one MTP step reads the cached hidden: no chained rows
             return [Stage("t1_fusion", t1_fusion, writes=(d.slots, *chain_writes)), drafting]
         return [Stage("mtp", chain, writes=(*chain_writes, self.num_mtp), scratch=(self.mtp_state.cache,)),
                 Stage("t1_fusion", t1_fusion, writes=(d.slots,)), drafting]
 
-    def advance_stages(self, st) -> list[Stage]:
-        d = self.dstate
+    def advance_stages(self, st, rows: int | None = None) -> list[Stage]:
+        d, w = self.dstate, rows or st.width
 
         def append():
-            positions = st.a_prev[:, None] + self.offsets
-            d.append(st.f_verify, self._mtp_features(positions), positions)
+            positions = st.a_prev[:, None] + self.offsets[:w]
+            d.append(st.f_verify[:, :w], self._mtp_features(positions), positions)
 
-        return super().advance_stages(st) + [Stage("drafter", append, scratch=d.context_caches)]
+        return super().advance_stages(st, rows) + [Stage("drafter", append, scratch=d.context_caches)]
 
 
 __all__ = ["Proposer", "ARProposer", "MTPChainProposer", "DrafterProposer", "MTPState",
-           "DrafterState", "pick_tokens"]
+           "DrafterState", "pick_tokens", "top1_probability"]

@@ -1,11 +1,14 @@
-"""How a decode run picks tokens: greedy or sampled, the verification rule, confidence scheduling
-(`SamplingConfig`; one frozen record per run, part of the key of every captured round)."""
+"""How a decode run picks tokens: greedy or sampled, the verification rule, confidence scheduling and the
+verify length (`SamplingConfig`; one frozen record per run, part of the key of every captured round)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 
 VERIFICATION_MODES = ("target_only", "rejection", "block")
+# How many candidates a round verifies: all of them, one length per batch chosen from measured costs
+# (dmtp/decode/verify_length.py), or a fixed number (0 = no drafts verified: the target alone).
+VERIFY_LENGTHS = ("full", "auto")
 # The modes that verify drafts sampled from the proposers' q (the loop holds each one's acceptance rule).
 DRAFT_PROB_MODES = ("rejection", "block")
 
@@ -27,6 +30,13 @@ class SamplingConfig:
     # reaches this threshold; the others are masked (never accepted), the shapes stay the block's. Any
     # verification mode; lossless, since the cut depends on the drafts only, never on the target.
     confidence_threshold: float = 0.0
+    # Candidates verified per round, one length L for the whole batch (the verify forward runs [A, c1..cL]:
+    # its shape is L + 1 rows, one captured program per L): "full" (L = K, every candidate), "auto" (per
+    # batch, the L that maximizes the expected tokens per second from a cost table measured once per batch
+    # shape and the proposer's predicted acceptance, calibrated against the realized one; L = 0 turns
+    # drafting off), or an integer 0..K. L is chosen before the round drafts, from earlier rounds only, so
+    # verifying the shorter block with the rules of the shorter block is exact in every mode.
+    verify_length: str | int = "full"
 
     def __post_init__(self):
         if self.verification not in VERIFICATION_MODES:
@@ -34,6 +44,9 @@ class SamplingConfig:
         if isinstance(self.confidence_threshold, bool) or not isinstance(self.confidence_threshold, (int, float)) \
                 or not 0 <= self.confidence_threshold <= 1:
             raise ValueError(f"confidence_threshold must be in [0, 1] (0 = off), got {self.confidence_threshold!r}")
+        if not (self.verify_length in VERIFY_LENGTHS or (type(self.verify_length) is int and self.verify_length >= 0)):
+            raise ValueError(f"verify_length must be full, auto or an integer >= 0 (candidates verified per round), "
+                             f"got {self.verify_length!r}")
         # Named as on the command line (dmtp.infer temperature= top_p= top_k=).
         if not self.temperature >= 0:   # also catches NaN
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
@@ -63,9 +76,26 @@ class SamplingConfig:
     def schedules_verification(self) -> bool:
         return self.confidence_threshold > 0
 
+    @property
+    def chooses_length(self) -> bool:
+        """The verify length is chosen per batch from measured costs (verify_length=auto)."""
+        return self.verify_length == "auto"
+
+    def fixed_length(self, num_candidates: int) -> int | None:
+        """The verify length of every round for a proposer of `num_candidates` (None: chosen per batch);
+        a fixed length above K is refused in one line."""
+        if self.verify_length == "auto":
+            return None
+        if self.verify_length == "full":
+            return num_candidates
+        if self.verify_length > num_candidates:
+            raise ValueError(f"verify_length={self.verify_length} exceeds the {num_candidates} candidates the "
+                             f"proposer drafts per round; use 0..{num_candidates}, full or auto")
+        return self.verify_length
+
     def key(self) -> tuple:
         return (float(self.temperature), int(self.top_k), float(self.top_p), self.verification,
-                float(self.confidence_threshold))
+                float(self.confidence_threshold), str(self.verify_length))
 
 
-__all__ = ["DRAFT_PROB_MODES", "SamplingConfig", "VERIFICATION_MODES"]
+__all__ = ["DRAFT_PROB_MODES", "SamplingConfig", "VERIFICATION_MODES", "VERIFY_LENGTHS"]

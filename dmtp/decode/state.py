@@ -10,6 +10,7 @@ import torch
 
 from dmtp.decode.runners import TargetRunner
 from dmtp.decode.sampling import SamplingConfig
+from dmtp.decode.length_stats import LengthStats
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,12 @@ class DecodeState:
         # over the rounds each request was active (what an engine that packs verify rows would run).
         self.verify_limit = torch.full((batch,), k, dtype=torch.long, device=dev)
         self.verified = z(batch)
+        # verify_length=auto: the proposer's per-candidate confidence this round ([B, K], each candidate's
+        # predicted acceptance given the one before it; 1 where it has none) and the rounds' record for the
+        # length policy (`LengthStats`, read at the loop's polls).
+        chooses = sampling.chooses_length and k > 0
+        self.confidence = torch.ones(batch, k, dtype=torch.float32, device=dev) if chooses else None
+        self.length_stats = LengthStats(batch, k, dev) if chooses else None
         self.a_prev = z(batch)
         self.h_verify = torch.zeros(batch, w, hidden_size, dtype=dtype, device=dev) if reads.last_hidden else None
         self.f_verify = torch.zeros(batch, w, feature_dim, dtype=dtype, device=dev) if reads.features else None
@@ -99,6 +106,9 @@ class DecodeState:
                   self.round_idx, self.runner.lengths, self.verified):
             t.zero_()
         self.verify_limit.fill_(self.num_candidates)
+        if self.confidence is not None:
+            self.confidence.fill_(1.0)
+            self.length_stats.reset()
         self.acc_log.fill_(-1)
         self.raw_log.fill_(-1)
         self.done.zero_()

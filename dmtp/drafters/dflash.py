@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dmtp.drafters.registry import DFLASH_ARCH, architecture_of_names, register_drafter
+from dmtp.drafters.window_cache import ring_block_mask
 from dmtp.models.block_size import BLOCK_SIZE_RANGE, require_block_size   # noqa: F401 - also read from here
 from dmtp.models.qwen3 import (KVCache, Qwen3DecoderLayer, RMSNorm, additive_mask, attend, init_linear_,
                                rope_cos_sin, rope_inv_freq)
@@ -303,11 +304,16 @@ def cached_block_mask(noise_positions: torch.Tensor, ctx_limit: torch.Tensor, wi
 class CachedContext:
     """Decoding's context for `DFlashDrafter.forward`: each layer's static K/V cache (slot = absolute
     position), attended over its first `width` slots, one block per request. The block's own K/V go into
-    the cache at the block's positions instead of after a copy of it (module docstring)."""
+    the cache at the block's positions instead of after a copy of it (module docstring). `ring`: the slots
+    of the sliding-window layers' caches when those are window caches (`dmtp.drafters.window_cache`: a
+    ring bounded by the window, read whole), None when every layer's cache is indexed by position."""
     caches: Sequence[KVCache]
     width: int
+    ring: int | None = None
 
     def mask(self, noise_positions: torch.Tensor, ctx_limit: torch.Tensor, causal: bool, window: int | None):
+        if window is not None and self.ring is not None:
+            return ring_block_mask(noise_positions, ctx_limit, self.ring, causal, window)
         return cached_block_mask(noise_positions, ctx_limit, self.width, causal, window)
 
 

@@ -23,6 +23,9 @@ class Decoder(Protocol):
     fixed_shapes: bool
     # Its drafter predicts acceptance (DSpark's confidence head): confidence-scheduled verification applies.
     predicts_confidence: bool
+    # Its proposer predicts each candidate's acceptance (a confidence head, the MTP's top-1): verify_length=auto
+    # applies.
+    signals_acceptance: bool
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 64, sampling=None,
                  batch_size: int = 8, seed: int = 0, progress: bool = False): ...

@@ -25,7 +25,8 @@ def decode_options(cfg) -> SamplingConfig:
     for method in ["mtp", *(str(m) for m in cfg.methods if str(m).startswith("mtp"))]:
         parse_mtp_steps(method, cfg.mtp_steps)
     return SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, verification=cfg.verification,
-                          confidence_threshold=cfg.get("confidence_threshold", 0.0))
+                          confidence_threshold=cfg.get("confidence_threshold", 0.0),
+                          verify_length=cfg.get("verify_length", "full"))
 
 
 def named_methods(cfg, overrides: list[str] | None = None) -> set[str]:

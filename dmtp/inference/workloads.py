@@ -20,10 +20,12 @@ def decode_workloads(decoders: dict[str, Decoder], workloads: dict[str, list[lis
     if general.schedules_verification and not any(d.predicts_confidence for d in decoders.values()):
         raise ValueError(f"confidence_threshold={general.confidence_threshold} needs a drafter with a confidence "
                          f"head (drafter=dspark); none of {', '.join(decoders)} predicts acceptance")
+    if general.chooses_length and not any(d.signals_acceptance for d in decoders.values()):
+        raise ValueError(f"verify_length=auto needs a method with an acceptance signal (a drafter with a confidence "
+                         f"head, an MTP-led drafter, mtp415); none of {', '.join(decoders)} has one")
+    samplings = {name: _sampling_for(general, dec) for name, dec in decoders.items()}   # refused before decoding
     for name, dec in decoders.items():
-        # Confidence-scheduled verification applies to the drafters that predict acceptance; the baselines
-        # beside them verify their whole block.
-        sampling = general if dec.predicts_confidence else replace(general, confidence_threshold=0.0)
+        sampling = samplings[name]
         if warmup and previous is None:
             first = next(iter(workloads.values()))
             graphs = dec.fixed_shapes   # graphs / compiled stages: warm up (capture, compile) at the measured shapes
@@ -36,6 +38,18 @@ def decode_workloads(decoders: dict[str, Decoder], workloads: dict[str, list[lis
             per_wl.setdefault(wl, {})[name] = res.summary()
     overall = {name: _merge([results[(wl, name)] for wl in per_wl]) for name in decoders}
     return {"workloads": per_wl, "overall": overall, "results": results}
+
+
+def _sampling_for(general: SamplingConfig, dec: Decoder) -> SamplingConfig:
+    """The run's sampling as one method decodes it: confidence-scheduled verification applies to the drafters
+    that predict acceptance, a length chosen per batch to those with an acceptance signal, a fixed length to
+    those that draft (K > 0; one longer than K is refused here, in one line); the baselines beside them verify
+    their whole block."""
+    sampling = general if dec.predicts_confidence else replace(general, confidence_threshold=0.0)
+    if (general.chooses_length and not dec.signals_acceptance) or dec.num_candidates == 0:
+        sampling = replace(sampling, verify_length="full")
+    sampling.fixed_length(dec.num_candidates)
+    return sampling
 
 
 def _merge(results) -> dict:

@@ -102,21 +102,26 @@ class GDNCache:
     (fp32), both as of each request's committed length; plus what the last verify block saw:
     `window` [B, C, K-1+S] (the old conv state followed by the S rows' conv inputs) and `rows`
     [B, S, H, dk, dv] (the recurrent state after each row). Rows are buffers allocated once per
-    block width, outside any CUDA-graph capture (the first verify of a width runs eagerly)."""
+    block width and kept per width (a round may verify fewer rows than the block: verify_length), outside
+    any CUDA-graph capture (the first verify of a width runs eagerly); `window` / `rows` are the last
+    verify's, which `commit` reads."""
 
     def __init__(self, batch, channels, kernel, heads, head_k_dim, head_v_dim, dtype, device):
         self.conv = torch.zeros(batch, channels, kernel - 1, dtype=dtype, device=device)
         self.state = torch.zeros(batch, heads, head_k_dim, head_v_dim, dtype=torch.float32, device=device)
         self.window: torch.Tensor | None = None
         self.rows: torch.Tensor | None = None
+        self._by_width: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._taps = torch.arange(kernel - 1, device=device)
         self._batch = torch.arange(batch, device=device)
 
     def block_buffers(self, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.rows is None or self.rows.shape[1] != width:
+        if width not in self._by_width:
             b, c, k1 = self.conv.shape
-            self.window = torch.zeros(b, c, k1 + width, dtype=self.conv.dtype, device=self.conv.device)
-            self.rows = torch.zeros(b, width, *self.state.shape[1:], dtype=torch.float32, device=self.conv.device)
+            self._by_width[width] = (
+                torch.zeros(b, c, k1 + width, dtype=self.conv.dtype, device=self.conv.device),
+                torch.zeros(b, width, *self.state.shape[1:], dtype=torch.float32, device=self.conv.device))
+        self.window, self.rows = self._by_width[width]
         return self.window, self.rows
 
     def commit(self, n: torch.Tensor) -> None:

@@ -40,6 +40,7 @@ class VLLMDecoder:
     """A method decoded inside vLLM (dmtp.engines.base.Decoder)."""
     fixed_shapes = False          # no graphs captured by dmtp: warm up with a short batch
     predicts_confidence = False   # vLLM verifies whole blocks
+    signals_acceptance = False    # (whatever its scheduler does, dmtp's verify_length does not reach it)
 
     def __init__(self, name: str, target_path: str, eos_ids: Sequence[int], drafter_dir: str | None = None,
                  engine_args: dict | None = None, dtype: str = "float32", num_candidates: int = 0):
