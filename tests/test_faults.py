@@ -91,7 +91,7 @@ def test_a_full_disk_is_one_line_and_the_last_good_checkpoint_survives(small_dis
         monkeypatch.setattr(atomic_io, "open", full_disk_open, raising=False)
     resume = [*MICRO_RUN, f"resume={run_dir}", "trainer.max_steps=3"]
     code, line, _ = train_cli(resume, tmp_path / "unused", monkeypatch, capsys)
-    assert code == 1
+    assert code == 1, line
     # The one wording of an environment fault (dmtp.errors.fault_line), dmtp's own writes included.
     assert line == (f"dmtp.train: error: disk full writing {run_dir / 'checkpoints' / 'step000002.ckpt'} "
                     f"({os.strerror(errno.ENOSPC)}); the previous step000002.ckpt, if any, is left as it was; "

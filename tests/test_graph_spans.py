@@ -53,7 +53,7 @@ def test_span_buckets_cover_every_row_and_decode_losslessly(micro_target, micro_
         _check_positions_below_span(dec, seen, monkeypatch)
         runs[step] = dec.generate(prompts, max_new_tokens=MAX_NEW, batch_size=4)
         assert runs[step].tokens == refs
-        spans[step] = sorted({key[-1] for key in dec._graphs})
+        spans[step] = sorted({key[3] for key in dec._graphs})   # (batch, max_len, sampling, span, verify length)
         if step:
             assert seen and all(pos < span <= dec.st.max_len for _, pos, span in seen)
     assert spans[None] == [None]

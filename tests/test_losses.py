@@ -39,7 +39,8 @@ def test_dspark_mix_is_the_weighted_sum_of_ce_and_tv(drafter):
     for name in ("ce", "tv", "dspark"):
         module.loss_mix = {"ce": (1.0, 0.0), "tv": (0.0, 1.0), "dspark": (0.1, 0.9)}[name]
         aux_free, _, _ = module.block_loss(ids, mask, generator=torch.Generator().manual_seed(3))
-        losses[name] = aux_free - module.last_auxiliary_loss   # the confidence BCE is the drafter's own term
+        # the block's loss alone: the confidence BCE is the drafter's own term, the MTP correction's loss its own
+        losses[name] = aux_free - module.last_auxiliary_loss - module.last_correction_loss
     assert 0 < losses["tv"] < 1 and losses["ce"] > losses["tv"]
     torch.testing.assert_close(losses["dspark"], 0.1 * losses["ce"] + 0.9 * losses["tv"])
     losses["tv"].backward()   # TV trains the drafter

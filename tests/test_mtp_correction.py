@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dmtp.configs import compose_train
-from dmtp.decode import SpecDecoder, build_proposer
+from dmtp.decode import build_proposer
+from dmtp.families.decoding import spec_decoder
 from dmtp.decode.reference import reference_generate, reference_proposal
 from dmtp.drafters.block_drafter import CORRECTION_PREFIX, BlockDrafter, fresh_drafter_for, load_block_drafter
 from dmtp.models.mtp_correction import MTPCorrection, ProposingMTP
@@ -91,10 +92,10 @@ def test_saved_and_loaded_strictly(micro_target, tmp_path):
 @pytest.mark.parametrize("variant", ["dual_anchor_zero_init", "multi_mtp_zero_init"])
 def test_decoding_with_a_correction_is_lossless_and_the_reference_round(variant, micro_target, micro_mtp):
     drafter = _perturbed(fresh_drafter_for(micro_target, variant, 1, perturb=0.05, mtp_correction_rank=4), 1.0)
-    ar = SpecDecoder(micro_target, build_proposer("ar", micro_target), eos_token_id=[]).generate(PROMPTS, 20)
+    ar = spec_decoder(micro_target, build_proposer("ar", micro_target), eos_token_id=[]).generate(PROMPTS, 20)
     proposer = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter)
     assert isinstance(proposer.mtp_state.mtp, ProposingMTP)
-    res = SpecDecoder(micro_target, proposer, eos_token_id=[]).generate(PROMPTS, max_new_tokens=20, batch_size=2)
+    res = spec_decoder(micro_target, proposer, eos_token_id=[]).generate(PROMPTS, max_new_tokens=20, batch_size=2)
     assert res.tokens == ar.tokens
     # The fast loop's rounds are the reference round's, which proposes T1 through the same correction.
     tokens, accepted = reference_generate(micro_target, reference_proposal(proposer), PROMPTS[0], 20)
@@ -159,9 +160,9 @@ def test_a_drafter_whose_mtp_fills_the_block_decodes_as_its_corrected_chain(micr
     fast = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter)
     assert isinstance(fast, MTPChainProposer) and isinstance(fast.mtp_state.mtp, ProposingMTP)
     full = DrafterProposer(drafter, micro_target.embed_tokens.weight, micro_target.lm_head.weight, mtp=micro_mtp)
-    a = SpecDecoder(micro_target, fast, eos_token_id=[]).generate(PROMPTS, max_new_tokens=20, batch_size=2)
-    b = SpecDecoder(micro_target, full, eos_token_id=[]).generate(PROMPTS, max_new_tokens=20, batch_size=2)
-    ar = SpecDecoder(micro_target, build_proposer("ar", micro_target), eos_token_id=[]).generate(PROMPTS, 20)
+    a = spec_decoder(micro_target, fast, eos_token_id=[]).generate(PROMPTS, max_new_tokens=20, batch_size=2)
+    b = spec_decoder(micro_target, full, eos_token_id=[]).generate(PROMPTS, max_new_tokens=20, batch_size=2)
+    ar = spec_decoder(micro_target, build_proposer("ar", micro_target), eos_token_id=[]).generate(PROMPTS, 20)
     assert a.tokens == b.tokens == ar.tokens and a.accepted == b.accepted
     adaptive = fresh_drafter_for(micro_target, "multi_mtp_zero_init", 1, max_mtp_tokens=7, mtp_threshold=0.5)
     assert not adaptive.injection.mtp_fills_block
@@ -182,7 +183,7 @@ def test_a_correction_trained_on_greedy_tokens_stays_out_of_sampled_decoding(tmp
     assert isinstance(drafter.proposing_mtp(micro_mtp), ProposingMTP)
     assert drafter.proposing_mtp(micro_mtp, greedy=False) is micro_mtp
     proposer = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter)
-    decoder = SpecDecoder(micro_target, proposer, eos_token_id=[])
+    decoder = spec_decoder(micro_target, proposer, eos_token_id=[])
     decoder.generate(PROMPTS, max_new_tokens=8, sampling=SamplingConfig(temperature=1.0, verification="rejection"))
     assert proposer.mtp_state.mtp is micro_mtp
     decoder.generate(PROMPTS, max_new_tokens=8)

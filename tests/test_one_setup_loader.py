@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 LOADS = {"placement", "load_target", "load_mtp", "load_drafter", "build_decoder"}
 CALLERS = {"dmtp/inference/compare.py": LOADS - {"build_decoder"},   # its decoders come from the engine (below)
            "tools/bench_decode.py": LOADS, "tools/bench_peer.py": LOADS,
-           "dmtp/training/evaluate.py": {"build_decoder"},   # decode-after holds its trained modules already
+           # decode-after holds its trained modules already; the target's own MTP, for the chain baseline beside them
+           "dmtp/training/evaluate.py": {"build_decoder", "load_mtp"},
            "dmtp/engines/dmtp_loop.py": {"build_decoder"}}   # engine=dmtp (dmtp.infer, regeneration, benches)
 # build_decoder is defined where the loop meets the families' runners (dmtp.families.decoding) and re-exported by
 # the loader; the engines sit below the loader and take it from there.

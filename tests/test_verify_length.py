@@ -15,7 +15,9 @@ from collections import Counter
 import pytest
 import torch
 
-from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
+from dmtp.decode import SamplingConfig, build_proposer
+from dmtp.families.decoding import spec_decoder
+from dmtp.decode import SpecDecoder
 from dmtp.decode.length_costs import measure_round_costs
 from dmtp.decode.reference import reference_generate, reference_proposal
 from dmtp.decode.length_stats import (HITS, OBSERVED, PREDICTED, PREDICTED_OBSERVED, REQUESTS, LengthStats,
@@ -62,9 +64,9 @@ def cycling(monkeypatch):
                                     "mtp415"])
 def test_fixed_lengths_equal_the_reference_of_the_shorter_block(micro_target, micro_mtp, method):
     prop = proposer(micro_target, micro_mtp, method)
-    ar = SpecDecoder(micro_target, build_proposer("ar", micro_target)).generate(PROMPTS, max_new_tokens=16)
+    ar = spec_decoder(micro_target, build_proposer("ar", micro_target)).generate(PROMPTS, max_new_tokens=16)
     for length in (0, 2, prop.num_candidates):
-        res = SpecDecoder(micro_target, prop).generate(PROMPTS, max_new_tokens=16, batch_size=2,
+        res = spec_decoder(micro_target, prop).generate(PROMPTS, max_new_tokens=16, batch_size=2,
                                                        sampling=SamplingConfig(verify_length=length))
         assert res.tokens == ar.tokens
         assert_equals_reference(micro_target, prop, res, PROMPTS, 16)
@@ -78,8 +80,8 @@ def test_fixed_lengths_equal_the_reference_of_the_shorter_block(micro_target, mi
 @pytest.mark.parametrize("method", ["dspark:raw_dflash", "dspark:multi_mtp_zero_init", "mtp415"])
 def test_lengths_switching_between_rounds_equal_the_reference(micro_target, micro_mtp, method, batch, cycling):
     prop = proposer(micro_target, micro_mtp, method)
-    ar = SpecDecoder(micro_target, build_proposer("ar", micro_target)).generate(PROMPTS, max_new_tokens=20)
-    res = SpecDecoder(micro_target, prop).generate(PROMPTS, max_new_tokens=20, batch_size=batch, sampling=AUTO)
+    ar = spec_decoder(micro_target, build_proposer("ar", micro_target)).generate(PROMPTS, max_new_tokens=20)
+    res = spec_decoder(micro_target, prop).generate(PROMPTS, max_new_tokens=20, batch_size=batch, sampling=AUTO)
     assert res.tokens == ar.tokens
     assert_equals_reference(micro_target, prop, res, PROMPTS, 20)
     used = {n for v in res.verify_lengths for n in v}
@@ -93,8 +95,8 @@ def test_the_measured_policy_decodes_exactly(micro_target, micro_mtp, method):
     """The real policy: the cost table measured here, the survival predicted by the DSpark head and the
     MTP's top-1 probability of its candidates (below 1, never rising along the block)."""
     prop = proposer(micro_target, micro_mtp, method)
-    ar = SpecDecoder(micro_target, build_proposer("ar", micro_target)).generate(PROMPTS, max_new_tokens=24)
-    dec = SpecDecoder(micro_target, prop)
+    ar = spec_decoder(micro_target, build_proposer("ar", micro_target)).generate(PROMPTS, max_new_tokens=24)
+    dec = spec_decoder(micro_target, prop)
     res = dec.generate(PROMPTS, max_new_tokens=24, batch_size=3, sampling=AUTO)
     assert res.tokens == ar.tokens
     assert_equals_reference(micro_target, prop, res, PROMPTS, 24)
@@ -113,7 +115,7 @@ def test_switching_lengths_keep_the_target_distribution(micro_target, micro_mtp,
     sampling = SamplingConfig(temperature=1.0, top_k=4, verification=verification, verify_length="auto")
     prompt = PROMPTS[0]
     prop = proposer(micro_target, micro_mtp, "dspark:dual_anchor_zero_init")
-    res = SpecDecoder(micro_target, prop, eos_token_id=[]).generate(
+    res = spec_decoder(micro_target, prop, eos_token_id=[]).generate(
         [prompt] * N_SAMPLES, max_new_tokens=STEPS, sampling=sampling, batch_size=250, seed=7)
     counts = Counter(tuple(t) for t in res.tokens)
     probs = _exact_probs(micro_target, prompt, list(counts), sampling)
@@ -134,7 +136,7 @@ def test_one_program_per_length_through_the_capture_protocol(micro_target, micro
 
     monkeypatch.setattr(graphs, "RoundGraphs", _EagerGraphs)
     prop = proposer(micro_target, micro_mtp, "dspark:raw_dflash")
-    fake = SpecDecoder(micro_target, prop, eos_token_id=[], time_stages=False, graph_span_step=None)
+    fake = spec_decoder(micro_target, prop, eos_token_id=[], time_stages=False, graph_span_step=None)
     fake.use_graphs = True
     for _ in range(2):   # the second call reuses the programs, the table and the state
         res = fake.generate(PROMPTS, max_new_tokens=20, batch_size=3, sampling=AUTO)
@@ -147,7 +149,7 @@ def test_stages_of_every_length_declare_their_writes(micro_target, micro_mtp):
 
     for sampling in (AUTO, SamplingConfig(temperature=1.0, verification="block", verify_length="auto",
                                           confidence_threshold=0.5)):
-        dec = SpecDecoder(micro_target, proposer(micro_target, micro_mtp, "dspark:dual_anchor_zero_init"),
+        dec = spec_decoder(micro_target, proposer(micro_target, micro_mtp, "dspark:dual_anchor_zero_init"),
                           eos_token_id=[], time_stages=False)
         st = dec._ensure_state(len(PROMPTS), 64, MAX_NEW, sampling)
         st.generator = torch.Generator().manual_seed(0)
@@ -166,8 +168,8 @@ def test_stages_of_every_length_declare_their_writes(micro_target, micro_mtp):
 def test_a_fixed_length_compiles_and_equals_eager(micro_target, micro_mtp):
     prop = proposer(micro_target, micro_mtp, "dspark:dual_anchor_zero_init")
     sampling = SamplingConfig(verify_length=3)
-    eager = SpecDecoder(micro_target, prop, eos_token_id=[]).generate(PROMPTS, 16, sampling=sampling, batch_size=2)
-    res = SpecDecoder(micro_target, prop, eos_token_id=[], compile="aot_eager").generate(
+    eager = spec_decoder(micro_target, prop, eos_token_id=[]).generate(PROMPTS, 16, sampling=sampling, batch_size=2)
+    res = spec_decoder(micro_target, prop, eos_token_id=[], compile="aot_eager").generate(
         PROMPTS, 16, sampling=sampling, batch_size=2)
     assert res.extra["compiled"] and res.tokens == eager.tokens and res.accepted == eager.accepted
 
@@ -183,7 +185,7 @@ def test_cuda_graphs_per_length_equal_the_reference(micro_target_dir):
     mtp = load_native_mtp(micro_target_dir, target.embed_tokens, target.lm_head).to("cuda")
     drafter = dspark_drafter(target, "dual_anchor_zero_init").to("cuda")
     prop = build_proposer("drafter", target, mtp=mtp, drafter=drafter)
-    dec = SpecDecoder(target, prop, eos_token_id=[], cuda_graphs=True)
+    dec = spec_decoder(target, prop, eos_token_id=[], cuda_graphs=True)
     res = dec.generate(PROMPTS, 24, sampling=AUTO, batch_size=4)
     assert res.extra["cuda_graphs"] and {key[-1] for key in dec._graphs} == set(range(prop.num_candidates + 1))
     cpu_target = TargetModel.from_pretrained(micro_target_dir)
@@ -208,8 +210,8 @@ def test_hybrid_target_switches_lengths_exactly(micro_target_dir, tmp_path, cycl
     root = write_qwen35(tmp_path / "dense", micro_target_dir, moe=False)
     target = TargetModel.from_pretrained(root)
     mtp = load_native_mtp(root, target.embed_tokens, target.lm_head)
-    ar = SpecDecoder(target, build_proposer("ar", target)).generate(PROMPTS, max_new_tokens=16)
-    res = SpecDecoder(target, build_proposer("mtp415", target, mtp=mtp)).generate(
+    ar = spec_decoder(target, build_proposer("ar", target)).generate(PROMPTS, max_new_tokens=16)
+    res = spec_decoder(target, build_proposer("mtp415", target, mtp=mtp)).generate(
         PROMPTS, max_new_tokens=16, batch_size=3, sampling=SamplingConfig(verify_length="auto"))
     assert res.extra["runner"] == "hybrid" and res.tokens == ar.tokens
     assert len({n for v in res.verify_lengths for n in v}) >= 3
@@ -237,9 +239,9 @@ def test_bad_verify_lengths_are_one_line(micro_target, micro_mtp):
             SamplingConfig(verify_length=bad)
     raw = build_proposer("drafter", micro_target, drafter=fresh_drafter_for(micro_target, "raw_dflash", 1))
     with pytest.raises(ValueError, match=r"^verify_length=auto needs an acceptance signal .*; drafter has none$"):
-        SpecDecoder(micro_target, raw).generate(PROMPTS, 8, sampling=AUTO)
+        spec_decoder(micro_target, raw).generate(PROMPTS, 8, sampling=AUTO)
     with pytest.raises(ValueError, match=r"^verify_length=9 exceeds the 7 candidates"):
-        SpecDecoder(micro_target, raw).generate(PROMPTS, 8, sampling=SamplingConfig(verify_length=9))
+        spec_decoder(micro_target, raw).generate(PROMPTS, 8, sampling=SamplingConfig(verify_length=9))
 
 
 # -- the pieces: the policy, the device record, the cost measurement -----------------------------------------
@@ -445,8 +447,8 @@ def test_a_fixed_length_longer_than_a_methods_block_is_refused_before_anything_d
     refused before AR's first round. A length that fits both decodes (AR at its own block)."""
     from dmtp.inference.workloads import decode_workloads
 
-    decoders = {"ar": SpecDecoder(micro_target, build_proposer("ar", micro_target)),
-                "mtp415": SpecDecoder(micro_target, build_proposer("mtp415", micro_target, mtp=micro_mtp))}
+    decoders = {"ar": spec_decoder(micro_target, build_proposer("ar", micro_target)),
+                "mtp415": spec_decoder(micro_target, build_proposer("mtp415", micro_target, mtp=micro_mtp))}
     calls = []
     generate = SpecDecoder.generate
     monkeypatch.setattr(SpecDecoder, "generate", lambda self, *a, **k: calls.append(self) or generate(self, *a, **k))
@@ -478,7 +480,7 @@ def test_the_realized_counts_are_the_accepted_lengths(micro_target, micro_mtp, c
     """What calibration reads back equals what the decode returned: per candidate j, the rounds that verified
     it and the rounds that accepted it (raw acceptance, before the EOS / budget cut)."""
     prop = proposer(micro_target, micro_mtp, "mtp415")
-    dec = SpecDecoder(micro_target, prop, eos_token_id=[])
+    dec = spec_decoder(micro_target, prop, eos_token_id=[])
     res = dec.generate(PROMPTS, max_new_tokens=24, batch_size=3, sampling=AUTO)
     (policy,) = dec._length_policies.values()
     k = prop.num_candidates

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dmtp.decode import SamplingConfig, SpecDecoder, build_proposer
+from dmtp.decode import SamplingConfig, build_proposer
+from dmtp.families.decoding import spec_decoder
 from dmtp.decode.reference import reference_generate, reference_proposal
 from dmtp.drafters.block_drafter import fresh_drafter_for
 from dmtp.drafters.window_cache import WindowCache, ring_block_mask, ring_positions, ring_size
@@ -36,7 +37,7 @@ def test_window_cache_decoding_equals_the_reference_round(micro_target, micro_mt
     drafter = windowed(micro_target, name, layers, 4)
     prop = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter, name=name)
     ps = prompts(micro_target.config.vocab_size)
-    dec = SpecDecoder(micro_target, prop, eos_token_id=[])
+    dec = spec_decoder(micro_target, prop, eos_token_id=[])
     res = dec.generate(ps, max_new_tokens=40, batch_size=4)
     ring = ring_size(4, drafter.block_size)
     caches = prop.dstate.caches
@@ -47,7 +48,7 @@ def test_window_cache_decoding_equals_the_reference_round(micro_target, micro_mt
         assert (res.tokens[i], res.accepted[i]) == reference_generate(micro_target, propose, p, 40), i
     if len(layers) == 1:
         assert max(a for acc in res.accepted for a in acc) > 0
-    ar = SpecDecoder(micro_target, build_proposer("ar", micro_target), eos_token_id=[])
+    ar = spec_decoder(micro_target, build_proposer("ar", micro_target), eos_token_id=[])
     assert res.tokens == ar.generate(ps, max_new_tokens=40).tokens
 
 
@@ -93,9 +94,9 @@ def test_window_decoding_with_fixed_and_chosen_verify_lengths(micro_target, micr
     drafter = windowed(micro_target, "raw_dflash", [SLIDING], 3)
     prop = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter)
     ps = prompts(micro_target.config.vocab_size)
-    ar = SpecDecoder(micro_target, build_proposer("ar", micro_target), eos_token_id=[]).generate(ps, max_new_tokens=30)
+    ar = spec_decoder(micro_target, build_proposer("ar", micro_target), eos_token_id=[]).generate(ps, max_new_tokens=30)
     for length in (2, "auto"):
-        res = SpecDecoder(micro_target, prop, eos_token_id=[]).generate(
+        res = spec_decoder(micro_target, prop, eos_token_id=[]).generate(
             ps, max_new_tokens=30, batch_size=2, sampling=SamplingConfig(verify_length=length))
         assert res.tokens == ar.tokens
 
@@ -134,7 +135,7 @@ def test_ring_drafts_equal_position_indexed_drafts_round_after_round(micro_targe
         prop = build_proposer("drafter", micro_target, mtp=micro_mtp, drafter=drafter)
         if indexed:
             prop.dstate.__class__ = PositionIndexed
-        runs.append(SpecDecoder(micro_target, prop, eos_token_id=[]).generate(ps, max_new_tokens=40, batch_size=4))
+        runs.append(spec_decoder(micro_target, prop, eos_token_id=[]).generate(ps, max_new_tokens=40, batch_size=4))
     assert runs[0].tokens == runs[1].tokens and runs[0].accepted == runs[1].accepted
     assert len(seen["ring"]) == len(seen["positions"]) > 20
     for a, b in zip(seen["ring"], seen["positions"]):

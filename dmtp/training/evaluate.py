@@ -12,7 +12,7 @@ from __future__ import annotations
 from dmtp.decode import SamplingConfig
 from dmtp.inference.drafters import greedy_correction_note
 from dmtp.inference.prompt_sets import embedded_prompts
-from dmtp.inference.setup import LoadedTarget, build_decoder
+from dmtp.inference.setup import LoadedTarget, build_decoder, load_mtp
 from dmtp.inference.workloads import add_comparisons, decode_workloads
 from dmtp.models.provenance import weights_digest
 from dmtp.reports.decoding import request_taus
@@ -56,13 +56,12 @@ def flat_decode_metrics(summary: dict, prefix: str) -> dict:
     return out
 
 
-def _target_mtp(target):
+def _target_mtp(loaded: LoadedTarget):
     """The target's own MTP for the chain baseline, or None (one line) when it has none that loads."""
-    from dmtp.families.mtp_loading import MTPLoadError, load_native_mtp
+    from dmtp.families.mtp_loading import MTPLoadError
 
     try:
-        p = next(target.parameters())
-        return load_native_mtp(target.path, target.embed_tokens, target.lm_head, dtype=p.dtype, device=p.device)
+        return load_mtp(loaded)
     except (MTPLoadError, FileNotFoundError) as e:
         print(f"[dmtp] decode_eval: no MTP chain baseline ({e})")
         return None
@@ -86,10 +85,11 @@ def decode_after_training(target, mtp, drafter, tokenizer, domains=("code", "pro
     if note:
         print(note)
     workloads = embedded_prompts(tokenizer, list(domains), num_prompts, prompt_tokens)
-    eos = LoadedTarget(target.path, target, tokenizer).eos_token_id
+    loaded = LoadedTarget(target.path, target, tokenizer)
+    eos = loaded.eos_token_id
     needs_mtp = [m for m in methods if m.startswith("mtp")]
     if needs_mtp and mtp is None:   # raw DFlash trains without the MTP; its table still has the MTP chain beside it
-        mtp = _target_mtp(target)
+        mtp = _target_mtp(loaded)
     decoders = {}
     for m in methods:
         if m.startswith("mtp") and mtp is None:

@@ -75,14 +75,19 @@ def claim_run_dir(run_dir: str | Path, resuming: bool) -> None:
         raise ValueError(taken.format(RUN_MARKER)) from None
 
 
+# The BlockDrafter's children, as a checkpoint names them (dmtp.drafters.block_drafter).
+BLOCK_DRAFTER_CHILDREN = ("drafter.backbone.", "drafter.injection.", "drafter.mtp_correction.")
+
+
 def current_key(key: str) -> str:
     """A checkpoint tensor's name in today's module. Checkpoints written before the drafter became one
     module (`BlockDrafter`, commit 9fb5202) hold the backbone as `drafter.*` and the injection as
     `injection.*`; both now live under `drafter.` (`drafter.backbone.*`, `drafter.injection.*`), in
-    the same parameter order, so such a run resumes exactly."""
+    the same parameter order, so such a run resumes exactly. The MTP correction (`drafter.mtp_correction.*`)
+    came after the one unit, so its names are today's already."""
     if key.startswith("injection."):
         return "drafter." + key
-    if key.startswith("drafter.") and not key.startswith(("drafter.backbone.", "drafter.injection.")):
+    if key.startswith("drafter.") and not key.startswith(BLOCK_DRAFTER_CHILDREN):
         return "drafter.backbone." + key[len("drafter."):]
     return key
 
