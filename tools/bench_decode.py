@@ -36,7 +36,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dmtp.decode import SamplingConfig  # noqa: E402
 from dmtp.decode.sampling import VERIFICATION_MODES  # noqa: E402
 from dmtp.decode.metrics import throughput  # noqa: E402
-from dmtp.drafters.registry import ARCHITECTURES  # noqa: E402
 from dmtp.inference.drafters import find_latest_drafter  # noqa: E402
 from dmtp.inference.prompt_sets import embedded_prompts  # noqa: E402
 from dmtp.inference.setup import (build_decoder, load_drafter, load_mtp, load_target, placement,  # noqa: E402
@@ -346,9 +345,7 @@ def main(argv=None) -> dict:
         for m in ("ar", "mtp415"):
             decoders[m + suffix] = build_decoder(target, m, eos, mtp=mtp, cuda_graphs=graphs, compile=compile)
         for drafter, name, drafter_mtp in drafters:
-            arch = ARCHITECTURES[drafter.config.architecture].name   # dflash | dflash2 | dspark
-            if arch != "dflash":
-                name = f"{name}+{arch}"
+            # `name`: the loader's label, the method's name (its architecture and MTP correction included)
             if drafter_mtp is not mtp:   # decoded with its own jointly trained MTP: another method
                 name = f"{name}+tuned_mtp"
             label = (name if name + suffix not in decoders else f"{name}#{len(decoders)}") + suffix
