@@ -443,3 +443,40 @@ def test_results_against_another_target_than_the_drafters_say_so_with_the_table(
         assert f"but decodes against {micro_target_dir}" in recorded
         assert (run / "table.txt").read_text().splitlines()[-1] == recorded
         assert out.splitlines().count(recorded) == 2   # when it loads, and with the table
+
+
+def test_a_regeneration_cache_begun_by_two_workers_is_finished_by_three(micro_target, tmp_path, capsys):
+    """A shard belongs to the cache, not to the worker count that wrote it (its prompts and seed come from its
+    index): a cache half-written with workers=2 is finished with workers=3, each new worker keeping the shards
+    already there and decoding only the rest; a kept shard that was damaged meanwhile is decoded again by its new
+    owner; the merge names what is missing by the new count's owners; the result is one worker's bytes."""
+    from dmtp.training.regenerate import RegenSettings, regen_manifest, write_share
+    from dmtp.training.shard_cache import Share
+
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(5, 500, (6,), generator=gen).tolist() for _ in range(12)]   # 6 shards of 2
+    settings = RegenSettings(new_tokens=8, temperature=1.0, top_k=50, seed=7, batch_size=2, shard_size=2)
+    root = tmp_path / "cache"
+    begun = write_share(micro_target, prompts, settings, Share(2, 0), cache_root=root, progress=False)
+    assert begun.decoded == [0, 2, 4]
+    with pytest.raises(ValueError, match=r"lacks shards 1, 3, 5 \(workers 0, 1, 2 of 3\)"):
+        regen_manifest(micro_target, prompts, settings, cache_root=root, workers=3)
+
+    damaged = begun.cache / "shard-00004.safetensors"
+    data = bytearray(damaged.read_bytes())
+    data[-1] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    kept = {i: (begun.cache / f"shard-{i:05d}.safetensors").stat().st_mtime_ns for i in (0, 2)}
+    capsys.readouterr()
+    finished = [write_share(micro_target, prompts, settings, Share(3, i), cache_root=root, progress=False)
+                for i in range(3)]
+    assert [r.decoded for r in finished] == [[3], [1, 4], [5]]
+    assert f"{damaged} is damaged" in capsys.readouterr().out
+    assert {i: (begun.cache / f"shard-{i:05d}.safetensors").stat().st_mtime_ns for i in (0, 2)} == kept
+    assert regen_manifest(micro_target, prompts, settings, cache_root=root, workers=3)["rows"] == 12
+
+    whole = write_share(micro_target, prompts, settings, Share(), cache_root=tmp_path / "whole", progress=False)
+    assert whole.decoded == list(range(6))
+    for index in range(6):
+        name = f"shard-{index:05d}.safetensors"
+        assert (begun.cache / name).read_bytes() == (whole.cache / name).read_bytes(), name
