@@ -195,6 +195,12 @@ def test_bytes_per_token_at_real_shapes():
     assert deepspec_token_bytes(4096) == 49152 and bf16["taps"] == 40960 and bf16["total"] == 40960 + 8192 + 9
     low = FeatureSpec(tuple(range(5)), codec="lowrank", rank=2560, mtp_rank=512).token_bytes(4096)
     assert low["total"] == 2564 + 516 + 9 and low["total"] * 10 <= deepspec_token_bytes(4096)
+    # README's row measured without loss on the tiny target (taps 36 of 320 = 11.25%, MTP 40 of 64 = 62.5%):
+    # Qwen3-8B 4,881 and Qwen3.6-27B 6,097 bytes per token, each under a tenth of DeepSpec's
+    for hidden, total in [(4096, 4881), (5120, 6097)]:
+        spec = FeatureSpec(tuple(range(5)), codec="lowrank", rank=round(0.1125 * 5 * hidden),
+                           mtp_rank=round(0.625 * hidden))
+        assert spec.token_bytes(hidden)["total"] == total and total * 10 <= deepspec_token_bytes(hidden)
 
 
 def test_the_lowrank_basis_is_fitted_on_rows_spread_over_the_cache():

@@ -33,7 +33,7 @@ from dmtp.training.regenerate import target_identity
 from dmtp.training.shard_cache import Share, file_lock, fill, shard_name, workers_missing, write_manifest
 
 FORMAT = 2   # 2: one metadata entry per shard (a shard's bytes do not depend on its writer)
-FIT_TOKENS = 16384   # tokens the lowrank basis is fitted on (the first rows of the cache)
+FIT_TOKENS = 16384   # tokens the lowrank basis is fitted on (rows spread evenly over the cache: fit_rows)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CAPTURE_HINT = "python -m dmtp.prepare step=capture (with the training run's options)"
 
