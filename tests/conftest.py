@@ -6,13 +6,17 @@ import os
 import pytest
 import torch
 
-from dmtp.tiny.targets import ensure_tiny_target
+from built_targets import built_target
+
+
+# The intra-op threads of the test process. The test models are tiny: extra threads only add OpenMP overhead (and
+# contention when another process shares the cores), so 1 by default; tests/test_thread_independence.py runs the
+# numerical tests again at 2 (and beside a busy core) to show that no assertion depends on the count.
+TEST_THREADS = int(os.environ.get("DMTP_TEST_THREADS", "1"))
 
 
 def pytest_configure(config):
-    # The test models are tiny: extra intra-op threads only add OpenMP overhead (and contention when
-    # another process shares the cores). Building the micro target is the exception (see below).
-    torch.set_num_threads(1)
+    torch.set_num_threads(TEST_THREADS)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -27,11 +31,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def micro_target_dir():
     """Path of the micro target (Qwen3 + `mtp.*`), built in well under a minute the first time."""
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
-    try:
-        return ensure_tiny_target("micro", progress=False)
-    finally:
-        torch.set_num_threads(1)
+    return built_target("micro")
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from dmtp.families.catalogue import make_target_runner
 from dmtp.families.hybrid import HybridTargetRunner, Qwen35MTPBlock
 from dmtp.families.mtp_loading import load_native_mtp
 from dmtp.models.target import TargetModel
-from dmtp.tiny.targets import ensure_tiny_target
+from built_targets import built_target
 from dmtp.training.job import train
 from test_tiny_target import _heldout_ids, _mtp_top1
 
@@ -25,8 +25,8 @@ from test_tiny_target import _heldout_ids, _mtp_top1
 @pytest.fixture(scope="session")
 def micro_hybrid_dir():
     """Built once (76 s on one core of a loaded 2-core machine) and cached under $DMTP_HOME, like `micro`.
-    On the session's one thread: the delta rule's many small ops made a second thread 3-6x slower there."""
-    return ensure_tiny_target("micro_hybrid", progress=False)
+    On one thread (tests/built_targets.py)."""
+    return built_target("micro_hybrid")
 
 
 @pytest.fixture(scope="module")

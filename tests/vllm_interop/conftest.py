@@ -13,9 +13,9 @@ import tests.vllm_interop.common  # noqa: F401  (the environment vLLM reads, set
 
 @pytest.fixture(scope="session")
 def vllm_target_dir():
-    from dmtp.tiny.targets import ensure_tiny_target
+    from tests.built_targets import built_target
 
-    return ensure_tiny_target("micro_vllm", progress=False)
+    return built_target("micro_vllm")
 
 
 @pytest.fixture(scope="session")
