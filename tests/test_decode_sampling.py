@@ -61,10 +61,22 @@ CASES = [
     ("dual_anchor_zero_init", SamplingConfig(temperature=1.0, top_k=4, verification="rejection")),
     ("raw_dflash", SamplingConfig(temperature=0.8, top_p=0.7)),
     ("mtp415", SamplingConfig(temperature=0.8, top_p=0.7, verification="rejection")),
+    # The argmax draft rule (q one-hot on the draft) per slot source, in both q-reading verifications (an
+    # untrained drafter's argmax alone is seldom accepted: its cases carry the MTP's slot).
+    ("mtp415", SamplingConfig(temperature=1.0, top_k=4, verification="rejection", mtp_draft="argmax")),
+    ("mtp415", SamplingConfig(temperature=1.0, top_k=4, verification="block", mtp_draft="argmax")),
+    ("dual_anchor_zero_init", SamplingConfig(temperature=1.0, top_k=4, verification="rejection", mtp_draft="argmax",
+                                             block_draft="argmax")),
+    ("dual_anchor_zero_init", SamplingConfig(temperature=0.8, top_p=0.7, verification="block", block_draft="argmax")),
 ]
 
 
-@pytest.mark.parametrize("method,sampling", CASES, ids=[f"{m}-{s.verification}-T{s.temperature}" for m, s in CASES])
+def _case_id(method, s):
+    rules = "".join(f"-{src}_{getattr(s, f'{src}_draft')}" for src in ("mtp", "block") if getattr(s, f"{src}_draft") != "sample")
+    return f"{method}-{s.verification}-T{s.temperature}{rules}"
+
+
+@pytest.mark.parametrize("method,sampling", CASES, ids=[_case_id(m, s) for m, s in CASES])
 def test_speculative_sampling_matches_target_distribution(micro_target, micro_mtp, prompt, method, sampling):
     if method in ("ar", "mtp415"):
         proposer = build_proposer(method, micro_target, mtp=micro_mtp)

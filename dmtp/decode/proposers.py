@@ -44,14 +44,18 @@ from dmtp.models.mtp_chain import chain_mtp
 from dmtp.models.qwen3 import KVCache
 
 
-def pick_tokens(logits: torch.Tensor, st) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Draft tokens from proposal logits [..., V]. Greedy (argmax) unless rejection sampling is on at
-    temperature > 0; then sampled from q (returned) with the run's temperature/top-k/top-p."""
+def pick_tokens(logits: torch.Tensor, st, source: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Draft tokens from proposal logits [..., V] of a slot `source` ("mtp" or "block"). Greedy (argmax)
+    unless rejection/block verification is on at temperature > 0; then by the source's draft rule: sampled
+    from q (the run's temperature/top-k/top-p), or its argmax with q the one-hot on it (both returned)."""
     s = st.sampling
-    if s.uses_draft_probs:
-        q = probs_from_logits(logits, s.temperature, s.top_k, s.top_p)
-        return sample_from_probs(q, generator=st.generator), q
-    return logits.argmax(-1), None
+    if not s.uses_draft_probs:
+        return logits.argmax(-1), None
+    if s.draft_rule(source) == "argmax":
+        token = logits.argmax(-1)
+        return token, torch.nn.functional.one_hot(token, logits.shape[-1]).float()
+    q = probs_from_logits(logits, s.temperature, s.top_k, s.top_p)
+    return sample_from_probs(q, generator=st.generator), q
 
 
 def top1_probability(logits: torch.Tensor) -> torch.Tensor:
@@ -117,7 +121,7 @@ class MTPState:
         their logits [B, S, V] when asked for, q [B, S, V] when sampled)."""
         a = st.target_lengths()
         return chain_mtp(self.mtp, self.h, steps, lambda j, token, h: self.step(token, h, a + j, st.span),
-                         pick=lambda scores: pick_tokens(scores, st), keep_logits=keep_logits)
+                         pick=lambda scores: pick_tokens(scores, st, "mtp"), keep_logits=keep_logits)
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
         return self.mtp.logits(g)
@@ -353,7 +357,7 @@ class DrafterProposer(Proposer):
         threshold = st.sampling.confidence_threshold
 
         def draft():
-            tok, q, conf = d.draft(st.anchor, st.target_lengths(), mtp, lambda scores: pick_tokens(scores, st),
+            tok, q, conf = d.draft(st.anchor, st.target_lengths(), mtp, lambda scores: pick_tokens(scores, st, "block"),
                                    st.span)
             st.candidates.copy_(tok)
             if st.q is not None:

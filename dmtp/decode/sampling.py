@@ -11,6 +11,10 @@ VERIFICATION_MODES = ("target_only", "rejection", "block")
 VERIFY_LENGTHS = ("full", "auto")
 # The modes that verify drafts sampled from the proposers' q (the loop holds each one's acceptance rule).
 DRAFT_PROB_MODES = ("rejection", "block")
+# How a proposer drafts a slot when sampling with q (rejection, block): a sample from its q, or its argmax
+# (q one-hot there, so min(1, p/q) = p and the residual is p without the draft: both rules are exact). Per
+# slot source: the MTP's slots and the block drafter's slots each have their own.
+DRAFT_RULES = ("sample", "argmax")
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,10 @@ class SamplingConfig:
     # drafting off), or an integer 0..K. L is chosen before the round drafts, from earlier rounds only, so
     # verifying the shorter block with the rules of the shorter block is exact in every mode.
     verify_length: str | int = "full"
+    # The draft rule of the MTP's slots and of the block drafter's slots under rejection/block verification
+    # (DRAFT_RULES); target_only and greedy runs always draft the argmax.
+    mtp_draft: str = "sample"
+    block_draft: str = "sample"
 
     def __post_init__(self):
         if self.verification not in VERIFICATION_MODES:
@@ -47,6 +55,10 @@ class SamplingConfig:
         if not (self.verify_length in VERIFY_LENGTHS or (type(self.verify_length) is int and self.verify_length >= 0)):
             raise ValueError(f"verify_length must be full, auto or an integer >= 0 (candidates verified per round), "
                              f"got {self.verify_length!r}")
+        for name in ("mtp_draft", "block_draft"):
+            if getattr(self, name) not in DRAFT_RULES:
+                raise ValueError(f"draft_rule.{name.removesuffix('_draft')} must be one of {DRAFT_RULES}, "
+                                 f"got {getattr(self, name)!r}")
         # Named as on the command line (dmtp.infer temperature= top_p= top_k=).
         if not self.temperature >= 0:   # also catches NaN
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
@@ -72,6 +84,10 @@ class SamplingConfig:
     def uses_draft_probs(self) -> bool:
         return self.verification in DRAFT_PROB_MODES and not self.greedy
 
+    def draft_rule(self, source: str) -> str:
+        """The rule a slot of `source` ("mtp" or "block") drafts with: "argmax" unless q is sampled from."""
+        return getattr(self, f"{source}_draft") if self.uses_draft_probs else "argmax"
+
     @property
     def schedules_verification(self) -> bool:
         return self.confidence_threshold > 0
@@ -95,7 +111,16 @@ class SamplingConfig:
 
     def key(self) -> tuple:
         return (float(self.temperature), int(self.top_k), float(self.top_p), self.verification,
-                float(self.confidence_threshold), str(self.verify_length))
+                float(self.confidence_threshold), str(self.verify_length), self.mtp_draft, self.block_draft)
 
 
-__all__ = ["DRAFT_PROB_MODES", "SamplingConfig", "VERIFICATION_MODES", "VERIFY_LENGTHS"]
+def draft_rules(rule) -> dict:
+    """`draft_rule: {mtp: sample|argmax, block: sample|argmax}` (either may be left out) -> SamplingConfig's fields."""
+    rule = dict(rule or {})
+    unknown = set(rule) - {"mtp", "block"}
+    if unknown:
+        raise ValueError(f"draft_rule: unknown slot source {sorted(unknown)[0]!r} (mtp, block)")
+    return {f"{source}_draft": str(value) for source, value in rule.items()}
+
+
+__all__ = ["DRAFT_PROB_MODES", "DRAFT_RULES", "SamplingConfig", "VERIFICATION_MODES", "VERIFY_LENGTHS", "draft_rules"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dmtp.decode.loop import parse_mtp_steps
-from dmtp.decode.sampling import SamplingConfig
+from dmtp.decode.sampling import SamplingConfig, draft_rules
 
 TRUNCATE_MODES = (None, "left")   # eval.truncate
 
@@ -26,7 +26,7 @@ def decode_options(cfg) -> SamplingConfig:
         parse_mtp_steps(method, cfg.mtp_steps)
     return SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, verification=cfg.verification,
                           confidence_threshold=cfg.get("confidence_threshold", 0.0),
-                          verify_length=cfg.get("verify_length", "full"))
+                          verify_length=cfg.get("verify_length", "full"), **draft_rules(cfg.get("draft_rule")))
 
 
 def named_methods(cfg, overrides: list[str] | None = None) -> set[str]:

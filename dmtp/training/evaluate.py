@@ -10,6 +10,7 @@ the bootstrap intervals, T1, P(L>=k), tok/s, speed-up vs AR) plus, for the first
 from __future__ import annotations
 
 from dmtp.decode import SamplingConfig
+from dmtp.decode.sampling import draft_rules
 from dmtp.inference.drafters import greedy_correction_note
 from dmtp.inference.prompt_sets import embedded_prompts
 from dmtp.inference.setup import LoadedTarget, build_decoder, load_mtp
@@ -24,15 +25,21 @@ EVAL_METHODS = ("ar", "mtp415", "drafter")
 def mode_name(mode: dict) -> str:
     """`greedy`, or `T=<temperature> <verification>` (e.g. `T=1 rejection`)."""
     t = float(mode.get("temperature", 0.0))
-    return "greedy" if t == 0 else f"T={t:g} {mode.get('verification', 'target_only')}"
+    if t == 0:
+        return "greedy"
+    rule = mode.get("draft_rule") or {}
+    drafts = "".join(f" {source}={rule[source]}" for source in ("mtp", "block") if source in rule)
+    return f"T={t:g} {mode.get('verification', 'target_only')}{drafts}"
 
 
 def sampling_of(mode: dict) -> SamplingConfig:
-    unknown = set(mode) - {"temperature", "verification", "top_k", "top_p"}
+    unknown = set(mode) - {"temperature", "verification", "top_k", "top_p", "draft_rule"}
     if unknown:
-        raise ValueError(f"decode_eval.modes: unknown key {sorted(unknown)[0]!r} (temperature, verification, top_k, top_p)")
+        raise ValueError(f"decode_eval.modes: unknown key {sorted(unknown)[0]!r} "
+                         f"(temperature, verification, top_k, top_p, draft_rule)")
     return SamplingConfig(temperature=float(mode.get("temperature", 0.0)), top_k=int(mode.get("top_k", 0)),
-                          top_p=float(mode.get("top_p", 1.0)), verification=mode.get("verification", "target_only"))
+                          top_p=float(mode.get("top_p", 1.0)), verification=mode.get("verification", "target_only"),
+                          **draft_rules(mode.get("draft_rule")))
 
 
 def compact(summary: dict) -> dict:
