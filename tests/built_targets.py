@@ -10,7 +10,7 @@ import torch
 
 from dmtp.tiny.targets import ensure_tiny_target
 
-BUILD_THREADS = {"micro": 2, "micro_vllm": 2, "micro_hybrid": 1}
+BUILD_THREADS = {"micro": 2, "micro_vllm": 2, "micro_hybrid": 1, "micro_assistant": 2}
 
 
 def built_target(preset: str):

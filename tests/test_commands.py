@@ -22,6 +22,7 @@ def _run(args, cwd):
     ("dmtp.train", ["injection=token_only", "target=micro"], {"target": {"preset": "micro"}}),
     ("dmtp.infer", ["target.preset=tiny_hybrid", "eval.name=prompts", "eval.path=p.jsonl"],
      {"target": {"preset": "tiny_hybrid"}, "eval": {"name": "prompts", "path": "p.jsonl"}}),
+    ("dmtp.regime", ["target=assistant", "num_prompts=4"], {"target": {"preset": "assistant"}}),
 ])
 def test_cfg_job_prints_the_composed_config(command, overrides, expect, tmp_path):
     proc = _run(["-m", command, *overrides, "--cfg", "job"], tmp_path)
@@ -35,7 +36,7 @@ def test_cfg_job_prints_the_composed_config(command, overrides, expect, tmp_path
     assert not list(tmp_path.iterdir())   # nothing ran: no run directory
 
 
-@pytest.mark.parametrize("command", ["dmtp.train", "dmtp.infer", "dmtp.prepare"])
+@pytest.mark.parametrize("command", ["dmtp.train", "dmtp.infer", "dmtp.prepare", "dmtp.regime"])
 def test_command_modules_load_no_heavy_library(command, tmp_path):
     heavy = ("torch", "transformers", "lightning")
     proc = _run(["-c", f"import sys, {command}; print(sorted(m for m in {heavy!r} if m in sys.modules))"], tmp_path)

@@ -37,10 +37,11 @@ TIERS = {
     # 3: applications
     "dmtp.serving": 3, "dmtp.reports": 3, "dmtp.engines": 3.1, "dmtp.inference": 3.2, "dmtp.training": 3.3,
     # 4: commands (imported by nothing: see COMMANDS) and their plumbing; tools/
-    "dmtp.cli": 4, "dmtp.train": 4, "dmtp.infer": 4, "dmtp.report": 4, "dmtp.prepare": 4, "dmtp.tiny.build": 4,
+    "dmtp.cli": 4, "dmtp.train": 4, "dmtp.infer": 4, "dmtp.report": 4, "dmtp.prepare": 4, "dmtp.regime": 4,
+    "dmtp.tiny.build": 4,
     "tools": 4,
 }
-COMMANDS = {"dmtp.train", "dmtp.infer", "dmtp.report", "dmtp.prepare", "dmtp.tiny.build"}
+COMMANDS = {"dmtp.train", "dmtp.infer", "dmtp.report", "dmtp.prepare", "dmtp.regime", "dmtp.tiny.build"}
 
 
 def module_name(path: Path) -> str:

@@ -12,11 +12,13 @@ from dmtp.tiny.shipped import compare_with_shipped, shipped_copy, unpack_shipped
 from dmtp.tiny.targets import default_target_dir, ensure_tiny_target
 
 
-def test_the_default_target_ships_with_its_hashes():
-    source = shipped_copy(default_target_dir("tiny").name)
-    assert source is not None, "the quick start's target must ship with the package"
+@pytest.mark.parametrize("preset", ["tiny", "tiny_hybrid", "assistant", "assistant_hybrid"])
+def test_the_embedded_targets_ship_with_their_hashes(preset):
+    source = shipped_copy(default_target_dir(preset).name)
+    assert source is not None, f"the {preset} target must ship with the package (its recipe's build)"
     report = json.loads((source / "build_report.json").read_text())
-    assert report["preset"] == "tiny"
+    assert report["preset"] == preset
+    assert report.get("corpus", "stdlib") == ("assistant" if preset.startswith("assistant") else "stdlib")
     assert {f.name for f in source.glob("*.safetensors")} == set(report["weights_sha256"])
     for name, digest in report["weights_sha256"].items():
         assert file_sha256(source / name) == digest

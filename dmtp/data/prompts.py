@@ -2,7 +2,8 @@
 
 Prompts start at paragraph starts (a document's start, or the line after a blank line) spread evenly
 over a whole split. Taking each document's opening instead would measure mostly module docstrings and
-imports for "code" (every stdlib file opens that way), not code.
+imports for "code" (every stdlib file opens that way), not code. In a corpus of exchanges (`assistant`) a
+prompt is a whole request, as a served model's is; the response is what decoding writes.
 """
 from __future__ import annotations
 
@@ -22,14 +23,19 @@ def paragraph_starts(text: str) -> list[int]:
     return starts
 
 
-def held_out_prompts(tokenizer, domain: str, split: str, num_prompts: int, prompt_tokens: int) -> list[list[int]]:
-    """`num_prompts` prompts of exactly `prompt_tokens` tokens from one domain's split, deterministic.
+def held_out_prompts(tokenizer, domain: str, split: str, num_prompts: int, prompt_tokens: int,
+                     corpus: str = "stdlib") -> list[list[int]]:
+    """`num_prompts` prompts of exactly `prompt_tokens` tokens from one domain's split, deterministic (in a
+    corpus of exchanges: `num_prompts` whole requests spread over the split, `prompt_tokens` unused).
 
     Fewer come back only when the split has fewer distinct qualifying paragraph starts."""
     if num_prompts < 1 or prompt_tokens < 1:
         raise ValueError(f"num_prompts and prompt_tokens must be >= 1, got {num_prompts} and {prompt_tokens}")
+    docs = documents(domain, split, corpus)
+    if docs and docs[0].prompt_chars:
+        return request_prompts(tokenizer, docs, num_prompts)
     need = _CHARS_PER_TOKEN * prompt_tokens
-    candidates = [(doc.text, start) for doc in documents(domain, split) for start in paragraph_starts(doc.text)
+    candidates = [(doc.text, start) for doc in docs for start in paragraph_starts(doc.text)
                   if len(doc.text) - start >= need or start == 0]
     prompts: list[list[int]] = []
     taken: set[int] = set()
@@ -50,3 +56,10 @@ def held_out_prompts(tokenizer, domain: str, split: str, num_prompts: int, promp
                     break
             i += 1
     return prompts
+
+
+def request_prompts(tokenizer, docs, num_prompts: int) -> list[list[int]]:
+    """The requests of `num_prompts` exchanges evenly spaced over `docs`, tokenized as the target read them."""
+    count = min(num_prompts, len(docs))
+    picked = [docs[(2 * k + 1) * len(docs) // (2 * count)] for k in range(count)]
+    return [list(ids) for ids in tokenizer([d.parts[0] for d in picked], add_special_tokens=False)["input_ids"]]

@@ -12,6 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 from dmtp.atomic_io import write_json, write_text
+from dmtp.data.corpora import corpus_of_target
 from dmtp.data.evalsets import build_turn_prompts
 from dmtp.inference.drafters import (drafter_target_mismatch, find_latest_drafter, greedy_correction_note,
                                      method_needs_mtp, no_drafter_for, target_over_preset)
@@ -128,7 +129,8 @@ def build_decoders(cfg, loaded: Loaded, named: set[str]) -> dict:
 def prompts(cfg, target: LoadedTarget, decoders: dict):
     """-> (the eval set's requests, {workload: prompts} fitted to the target, the fitting of later turns)."""
     if cfg.eval.name == "embedded":
-        workloads = embedded_prompts(target.tokenizer, list(cfg.eval.domains), cfg.num_prompts, cfg.eval.prompt_tokens)
+        workloads = embedded_prompts(target.tokenizer, list(cfg.eval.domains), cfg.num_prompts, cfg.eval.prompt_tokens,
+                                     corpus_of_target(target.path))
         requests = []
     else:
         requests, workloads = eval_set_prompts(target.tokenizer, cfg.eval.name, cfg.eval.path, cfg.num_prompts)

@@ -3,9 +3,11 @@ fitting them to the target's position limit."""
 from __future__ import annotations
 
 
-def embedded_prompts(tokenizer, domains, num_prompts: int, prompt_tokens: int) -> dict[str, list[list[int]]]:
+def embedded_prompts(tokenizer, domains, num_prompts: int, prompt_tokens: int,
+                     corpus: str = "stdlib") -> dict[str, list[list[int]]]:
     """Held-out prompts per workload: for a corpus domain (code, prose, math) `num_prompts` prompts of
-    `prompt_tokens` tokens from its test split, spread over it (dmtp.data.prompts); for a prompt set shipped with
+    `prompt_tokens` tokens from its test split in `corpus` (the target's: dmtp.data.corpora.corpus_of_target),
+    spread over it (dmtp.data.prompts; whole requests in a corpus of exchanges); for a prompt set shipped with
     the package (dmtp.data.prompt_sets: code_tasks) its first `num_prompts` prompts, whole."""
     from dmtp.data.corpora import DOMAINS
     from dmtp.data.evalsets import build_turn_prompts, load_eval_set
@@ -19,7 +21,7 @@ def embedded_prompts(tokenizer, domains, num_prompts: int, prompt_tokens: int) -
     out = {}
     for domain in domains:
         if domain in DOMAINS:
-            out[domain] = held_out_prompts(tokenizer, domain, "test", num_prompts, prompt_tokens)
+            out[domain] = held_out_prompts(tokenizer, domain, "test", num_prompts, prompt_tokens, corpus)
         else:
             requests = load_eval_set("prompts", str(PROMPT_SETS[domain]), limit=num_prompts)
             out[domain] = [build_turn_prompts(tokenizer, r, [], use_raw_prompt=True) for r in requests]

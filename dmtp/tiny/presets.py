@@ -20,6 +20,10 @@ class TinyPreset:
     # The native MTP in its own mtp.safetensors, beside the causal LM's weights (no real dense Qwen3 ships
     # an MTP; engines that load the causal LM alone, vLLM's dense Qwen3 included, then load the target as is).
     mtp_apart: ClassVar[bool] = True
+    # What the target reads (dmtp.data.corpora's families: the standard library's code and documentation
+    # and generated math, or generated assistant exchanges) and how many chained MTP steps its loss spans.
+    corpus: ClassVar[str] = "stdlib"
+    mtp_chain_depth: ClassVar[int] = 1
 
     name: str
     vocab_size: int
@@ -58,6 +62,23 @@ class HybridPreset(TinyPreset):
     linear_value_head_dim: int = 16
 
 
+@dataclass(frozen=True)
+class AssistantPreset(TinyPreset):
+    """The chat-model testbed: a dense Qwen3 target on the assistant corpus (requests answered as a served
+    model answers them), its MTP trained over chained steps as it drafts."""
+
+    corpus: ClassVar[str] = "assistant"
+    mtp_chain_depth: ClassVar[int] = 4
+
+
+@dataclass(frozen=True)
+class AssistantHybridPreset(HybridPreset):
+    """`AssistantPreset`'s corpus and chained MTP loss on the Qwen3.5 text architecture."""
+
+    corpus: ClassVar[str] = "assistant"
+    mtp_chain_depth: ClassVar[int] = 4
+
+
 PRESETS = {
     "micro": TinyPreset(name="micro", vocab_size=512, hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
                         head_dim=16, intermediate_size=192, seq_len=128, batch_size=8, steps=250, lr=4e-3,
@@ -90,6 +111,19 @@ PRESETS = {
     "tiny_hybrid": HybridPreset(name="tiny_hybrid", vocab_size=2048, hidden_size=64, num_layers=8, num_heads=2,
                                 num_kv_heads=1, head_dim=32, intermediate_size=192, seq_len=256, batch_size=8,
                                 steps=1400, lr=3e-3),
+    # `micro` on the assistant corpus: the chat-model testbed's build, data and decoding in tests.
+    "micro_assistant": AssistantPreset(name="micro_assistant", vocab_size=512, hidden_size=64, num_layers=4,
+                                       num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=192, seq_len=128,
+                                       batch_size=8, steps=250, lr=4e-3, warmup_steps=20, tokenizer_chars=400_000,
+                                       docs_per_domain=300),
+    # `tiny`'s and `tiny_hybrid`'s sizes and schedules on the assistant corpus; the 4 chained MTP steps make a
+    # step ~1.6x theirs. In the published regime on code and math (docs/results.md §10).
+    "assistant": AssistantPreset(name="assistant", vocab_size=2048, hidden_size=64, num_layers=8, num_heads=2,
+                                 num_kv_heads=1, head_dim=32, intermediate_size=192, seq_len=256, batch_size=6,
+                                 steps=1500, lr=3e-3),
+    "assistant_hybrid": AssistantHybridPreset(name="assistant_hybrid", vocab_size=2048, hidden_size=64, num_layers=8,
+                                              num_heads=2, num_kv_heads=1, head_dim=32, intermediate_size=192,
+                                              seq_len=256, batch_size=8, steps=1400, lr=3e-3),
 }
 
 

@@ -36,14 +36,22 @@ class DomainStreams:
         return torch.stack(rows)
 
 
-def joint_losses(model, mtp: NativeMTP, ids: torch.Tensor):
+def joint_losses(model, mtp: NativeMTP, ids: torch.Tensor, chain_depth: int = 1):
+    """The causal LM's next-token loss and the MTP's, summed over `chain_depth` chained steps. Depth 1 is the
+    MTP as pretrained by the Qwen3.5 recipe: g1[:, t] = MTP(x_t, h_{t-1}) predicts x_{t+1}. Depth d feeds the
+    MTP its own previous output instead of the target's hidden, g_d[:, t] = MTP(x_t, g_{d-1}[:, t-1]), as the
+    decoding chain does (step j+1 consumes T_j and the hidden that predicted it), so a chained step sees at
+    training the inputs it sees when drafting; DeepSeek-V3's sequential MTP modules, one module shared."""
     out = model.model(input_ids=ids, use_cache=False)  # no cache: nothing is decoded from here
     hidden = out.last_hidden_state                      # post final norm
     logits = model.lm_head(hidden)
     main = F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
-    g = mtp.forward_teacher(ids, hidden)                # g[:, t] predicts x_{t+1} from (h_{t-1}, x_t)
-    mtp_logits = mtp.logits(g[:, 1:-1])
-    side = F.cross_entropy(mtp_logits.flatten(0, 1), ids[:, 2:].flatten())
+    side = logits.new_zeros(())
+    g = hidden
+    for depth in range(1, chain_depth + 1):
+        g = mtp.forward_teacher(ids, g)                 # g[:, t] predicts x_{t+1}; rows t < depth lack an input
+        mtp_logits = mtp.logits(g[:, depth:-1])
+        side = side + F.cross_entropy(mtp_logits.flatten(0, 1), ids[:, depth + 1:].flatten())
     return main, side
 
 
@@ -68,7 +76,7 @@ def pretrain(model, mtp: NativeMTP, data: DomainStreams, preset: TinyPreset, pro
     main = side = torch.tensor(0.0)
     for _ in bar:
         ids = data.batch(preset.batch_size)
-        main, side = joint_losses(model, mtp, ids)
+        main, side = joint_losses(model, mtp, ids, preset.mtp_chain_depth)
         loss = main + preset.mtp_loss_weight * side
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -27,7 +27,7 @@ from transformers import PreTrainedModel
 
 from dmtp.atomic_io import (publish_directory, remove_stale_temporaries, save_safetensors, staging_directory,
                             write_json)
-from dmtp.data.corpora import DOMAINS, texts
+from dmtp.data.corpora import DOMAINS, documents, encode_documents
 from dmtp.models.mtp import NativeMTP
 from dmtp.models.mtp_checkpoint import MTP_FILE_NAME
 from dmtp.models.safe_weights import SAFE_WEIGHTS_NAMES
@@ -47,6 +47,9 @@ def default_target_dir(preset: str) -> Path:
     spec = get_preset(preset)
     # The on-disk layout is part of the key: targets built before the MTP moved to its own file rebuild.
     layout = "mtp-apart" if spec.mtp_apart else ""
+    # So is the recipe's corpus and chained MTP loss, named only when not the base testbed's (its names stay).
+    if (spec.corpus, spec.mtp_chain_depth) != ("stdlib", 1):
+        layout += f"{spec.corpus}-chain{spec.mtp_chain_depth}"
     digest = hashlib.sha1(f"{BUILD_VERSION}{asdict(spec)}{layout}".encode()).hexdigest()[:8]
     return targets_dir() / f"{preset}-{digest}"
 
@@ -74,14 +77,15 @@ def load_target(path: str | None = None, preset: str = "tiny", dtype: str = "flo
                                        trust_remote_code=trust_remote_code, attn_implementation=attn_implementation)
 
 
-def _tokenizer_sample(docs: dict[str, list[str]], chars: int, seed: int) -> list[str]:
+def _tokenizer_sample(docs: dict[str, list], chars: int, seed: int) -> list[str]:
     rng = random.Random(seed)
     sample = []
     for domain in DOMAINS:
         pool = list(docs[domain])
         rng.shuffle(pool)
         budget = chars // len(DOMAINS)
-        for text in pool:
+        for doc in pool:
+            text = doc.text
             if budget <= 0:
                 break
             sample.append(text[:budget])
@@ -89,9 +93,10 @@ def _tokenizer_sample(docs: dict[str, list[str]], chars: int, seed: int) -> list
     return sample
 
 
-def _encode(tok, docs: list[str]) -> torch.Tensor:
+def _encode(tok, docs: list) -> torch.Tensor:
+    """One stream: each document's tokens (an exchange's request and response encoded apart), then EOS."""
     ids = []
-    for enc in tok(docs, add_special_tokens=False)["input_ids"]:
+    for enc in encode_documents(tok, docs):
         ids.extend(enc)
         ids.append(tok.eos_token_id)
     return torch.tensor(ids, dtype=torch.long)
@@ -108,8 +113,8 @@ def build_tiny_target(preset_name: str, out_dir: str | Path, progress: bool = Tr
     if progress:
         print(f"[dmtp] building the {preset.name} target into {out_dir} (once; it is cached and reused)")
 
-    train_docs = {d: texts(d, "train")[: preset.docs_per_domain] for d in DOMAINS}
-    val_docs = {d: texts(d, "validation")[: preset.docs_per_domain] for d in DOMAINS}
+    train_docs = {d: documents(d, "train", preset.corpus)[: preset.docs_per_domain] for d in DOMAINS}
+    val_docs = {d: documents(d, "validation", preset.corpus)[: preset.docs_per_domain] for d in DOMAINS}
 
     remove_stale_temporaries(out_dir.parent)   # what a killed build left
     staging = staging_directory(out_dir)
@@ -125,6 +130,7 @@ def build_tiny_target(preset_name: str, out_dir: str | Path, progress: bool = Tr
         data = DomainStreams(train_streams, weights, preset.seq_len, preset.seed)
         stats = pretrain(model, mtp, data, preset, progress=progress)
         report = {"preset": preset.name, "build_version": BUILD_VERSION, "architecture": type(model).__name__,
+                  "corpus": preset.corpus, "mtp_chain_depth": preset.mtp_chain_depth,
                   "parameters": sum(p.numel() for p in model.parameters()),
                   "mtp_parameters": sum(p.numel() for p in mtp.parameters()),
                   **stats, "heldout": evaluate(model, mtp, val_streams, preset.seq_len)}
@@ -194,7 +200,8 @@ def reevaluate_target(path: str | Path) -> dict:
     model = TargetModel.from_pretrained(path).hf
     mtp = load_native_mtp(path, model.model.embed_tokens, model.lm_head).eval()
     tok = load_tokenizer(path)
-    val_streams = {d: _encode(tok, texts(d, "validation")[: preset.docs_per_domain]) for d in DOMAINS}
+    val_streams = {d: _encode(tok, documents(d, "validation", preset.corpus)[: preset.docs_per_domain])
+                   for d in DOMAINS}
     report["heldout"] = evaluate(model, mtp, val_streams, preset.seq_len)
     write_json(report_path, report)
     return report["heldout"]

@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from dmtp.errors import reason
-from dmtp.data.corpora import texts
+from dmtp.data.corpora import corpus_of_target, documents, encode_documents
 from dmtp.data.evalsets import build_turn_prompts, load_eval_set
 from dmtp.data.prompts import held_out_prompts
 from dmtp.data.records import encode_record
@@ -72,6 +72,14 @@ class RegenRequest:
     prompts: list[list[int]]
     settings: RegenSettings
     progress: bool
+
+
+def _padded_row(prompt: list[int], response: list[int], width: int, eos: int) -> tuple[list[int], list[int], int]:
+    """prompt + response cut or EOS-padded to `width` tokens -> (ids, loss mask on the response, unpadded length)."""
+    n = len(prompt)
+    ids = (prompt + response + [eos] * width)[:width]
+    mask = ([0] * n + [1] * len(response) + [0] * width)[:width]
+    return ids, mask, min(n + len(response), width)
 
 
 def pack(examples: list[tuple[list[int], list[int]]], seq_len: int, eos: int) -> list[dict]:
@@ -144,6 +152,7 @@ class DraftDataModule(L.LightningDataModule):
                  features: FeatureOptions = FeatureOptions(), seed: int = 0):
         super().__init__()
         self.tokenizer, self.target = tokenizer, target
+        self.corpus = corpus_of_target(getattr(target, "path", None))   # the embedded domains' documents: the target's
         self.source, self.regen, self.val, self.loader, self.seed = source, regen, val, loader, seed
         self.features = features
         self.feature_spec: FeatureSpec | None = None   # set by `use_features` (data.features)
@@ -159,11 +168,10 @@ class DraftDataModule(L.LightningDataModule):
     # -- training rows ----------------------------------------------------------------------------
     def _examples(self) -> list[tuple[list[int], list[int]]]:
         if self.source.source == "embedded":
-            docs = [t for d in self.source.domains for t in texts(d, "train")]
+            docs = [t for d in self.source.domains for t in documents(d, "train", self.corpus)]
             random.Random(self.seed).shuffle(docs)
             docs = docs[: self.source.max_examples] if self.source.max_examples else docs
-            enc = self.tokenizer(docs, add_special_tokens=False)["input_ids"]
-            return [(ids, [1] * len(ids)) for ids in enc if ids]
+            return [(ids, [1] * len(ids)) for ids in encode_documents(self.tokenizer, docs) if ids]
         src = self.source
         records = read_records(list(src.files) if src.source == "files" else None,
                                src.hf_dataset if src.source == "hf" else None,
@@ -174,7 +182,8 @@ class DraftDataModule(L.LightningDataModule):
         prompts: list[list[int]] = []
         per_domain = _split_evenly(self.regen.sequences, len(self.source.domains))
         for domain, count in zip(self.source.domains, per_domain):
-            prompts.extend(held_out_prompts(self.tokenizer, domain, "train", count, self.regen.prompt_len))
+            prompts.extend(held_out_prompts(self.tokenizer, domain, "train", count, self.regen.prompt_len,
+                                            self.corpus))
         # No shuffle here: the sampler shuffles rows per seed, and a fixed prompt order lets every seed
         # (and every variant) share one cached regeneration.
         return prompts
@@ -186,7 +195,7 @@ class DraftDataModule(L.LightningDataModule):
             if self.regen.enabled else []
         held_out = RegenSettings(new_tokens=self.val.new_tokens)
         out += [RegenRequest(f"held-out {d}", held_out_prompts(self.tokenizer, d, "validation", self.val.prompts,
-                                                               self.val.prompt_len), held_out, False)
+                                                               self.val.prompt_len, self.corpus), held_out, False)
                 for d in self.val.domains]
         out += [RegenRequest(f"held-out {name}", self._file_prompts(name, path), held_out, False)
                 for name, path in self.val.sets.items()]
@@ -202,31 +211,30 @@ class DraftDataModule(L.LightningDataModule):
         """DFlash/SpecForge recipe: the target writes the responses (`dmtp.training.regenerate`, the project's
         own batched decoding, cached and resumable) to prompts taken at paragraph starts spread over the
         training split of each domain; the loss covers the response only. Labels are its own outputs."""
-        p, new = self.regen.prompt_len, self.regen.new_tokens
         prompts = self._regen_prompts()
         conts = self._regenerate(prompts, self.regen.settings(self.seed))
-        rows = []
-        for prompt, cont in zip(prompts, conts):
-            ids = prompt + cont + [self.eos] * (new - len(cont))
-            mask = [0] * p + [1] * len(cont) + [0] * (new - len(cont))
-            rows.append({"input_ids": ids, "loss_mask": mask})
-        return rows
+        # One row width: the longest prompt (a corpus of exchanges has whole requests of many lengths; cut
+        # documents are all regen_prompt_len) and the response budget, EOS-padded at the end, never supervised.
+        width = max(map(len, prompts), default=self.regen.prompt_len) + self.regen.new_tokens
+        return [{"input_ids": ids, "loss_mask": mask} for ids, mask, _ in
+                (_padded_row(prompt, cont, width, self.eos) for prompt, cont in zip(prompts, conts))]
 
     # -- validation rows: held-out prompts + the target's own greedy continuation -------------------
     def _val_rows(self, domain: str, prompts: list[list[int]] | None = None) -> list[dict]:
-        """Held-out rows of `domain`: its prompts (the embedded corpus's, or a prompt file's, each cut to its
-        last `val_prompt_len` tokens) and the target's greedy continuation, regenerated once and cached
-        (dmtp.training.regenerate). Rows share one length: a shorter prompt leaves EOS padding at the end."""
+        """Held-out rows of `domain`: its prompts (the embedded corpus's: `val_prompt_len` tokens of a document or
+        a whole request; or a prompt file's, each cut to its last `val_prompt_len` tokens) and the target's greedy
+        continuation, regenerated once and cached (dmtp.training.regenerate). Rows share one length (the longest
+        prompt's): a shorter prompt leaves EOS padding at the end."""
         p, new = self.val.prompt_len, self.val.new_tokens
         if prompts is None:
-            prompts = held_out_prompts(self.tokenizer, domain, "validation", self.val.prompts, p)
+            prompts = held_out_prompts(self.tokenizer, domain, "validation", self.val.prompts, p, self.corpus)
         conts = self._regenerate(prompts, RegenSettings(new_tokens=new), progress=False)
+        width = max([p, *map(len, prompts)]) + new
         rows = []
         for prompt, cont in zip(prompts, conts):
-            n = len(prompt)
-            ids = (prompt + cont + [self.eos] * (p + new))[: p + new]
-            rows.append({"input_ids": ids, "loss_mask": ([0] * n + [1] * len(cont) + [0] * (p + new))[: p + new],
-                         "prompt_len": n, "length": n + len(cont), "domain": domain})
+            ids, mask, length = _padded_row(prompt, cont, width, self.eos)
+            rows.append({"input_ids": ids, "loss_mask": mask, "prompt_len": len(prompt), "length": length,
+                         "domain": domain})
         return rows
 
     def _file_prompts(self, name: str, path: str) -> list[list[int]]:

@@ -9,6 +9,7 @@ the bootstrap intervals, T1, P(L>=k), tok/s, speed-up vs AR) plus, for the first
 `<workload>/<metric>` keys the sweep's older tables read."""
 from __future__ import annotations
 
+from dmtp.data.corpora import corpus_of_target
 from dmtp.decode import SamplingConfig
 from dmtp.decode.sampling import draft_rules
 from dmtp.inference.drafters import greedy_correction_note
@@ -91,7 +92,7 @@ def decode_after_training(target, mtp, drafter, tokenizer, domains=("code", "pro
     note = greedy_correction_note(drafter, "decode_eval") if any(not s.greedy for s in samplings.values()) else None
     if note:
         print(note)
-    workloads = embedded_prompts(tokenizer, list(domains), num_prompts, prompt_tokens)
+    workloads = embedded_prompts(tokenizer, list(domains), num_prompts, prompt_tokens, corpus_of_target(target.path))
     loaded = LoadedTarget(target.path, target, tokenizer)
     eos = loaded.eos_token_id
     needs_mtp = [m for m in methods if m.startswith("mtp")]
