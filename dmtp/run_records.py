@@ -2,7 +2,7 @@
 
 Hydra writes its record of a run (`.hydra/config.yaml`, `hydra.yaml`, `overrides.yaml`) and opens its log file
 before the job checks anything, so a command refused because the directory already held another run replaced
-that run's records (issue 43). conf/hydra/default.yaml therefore has Hydra write neither (`output_subdir: null`;
+that run's records. conf/hydra/default.yaml therefore has Hydra write neither (`output_subdir: null`;
 the log file is opened on its first record, conf/hydra/job_logging/dmtp.yaml); the run writes the same record
 itself (`write_hydra_record`) once it has claimed the directory (dmtp.training.resume.claim_run_dir): under
 `.hydra/` for a new run, `.hydra/resumed-<id>/` for a resumed one (its first record is kept).

@@ -4,7 +4,7 @@ Why: the models here are small, so each operation is a short parallel region. Wi
 (one thread per core) and OpenMP's default wait policy (idle threads spin), another process on a core
 turns every region into a wait for a descheduled thread: on a 2-core machine with other short Python
 processes beside it, the tiny target's build ran 0.13-0.25 steps/s at 2 threads against 2.2 steps/s at
-1 thread under the same load (~5 steps/s at 2 threads idle; issue 24). The policy:
+1 thread under the same load (~5 steps/s at 2 threads idle; BENCHMARKS.md, "Thread policy"). The policy:
 
 - OpenMP's wait policy is PASSIVE (idle threads sleep instead of spinning): the spinning is what
   collapses, not the second thread. OpenMP reads the policy once, when torch loads its runtime, so a

@@ -128,7 +128,7 @@ class AcceptanceRecorder:
 def nothing_verified(method: str, summary: dict) -> str | None:
     """One line when confidence-scheduled verification verified no candidate of `method` in any round
     (`summary`: a decoding summary, its `verified_per_round` and `sampling`): its tau is then 1 and its T1
-    acceptance 0 by construction, not measured (issue 43). None otherwise."""
+    acceptance 0 by construction, not measured. None otherwise."""
     threshold = (summary.get("sampling") or {}).get("confidence_threshold") or 0
     if threshold <= 0 or not summary.get("rounds") or summary.get("verified_per_round") != 0:
         return None

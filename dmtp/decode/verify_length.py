@@ -1,4 +1,4 @@
-"""One verify length per batch from measured costs (`verify_length=auto`, issue 41).
+"""One verify length per batch from measured costs (`verify_length=auto`).
 
 The loop verifies [A, c1..cL] with one L for the whole batch, one captured program per L (its shape is
 L + 1 rows). Which L pays depends on the engine: where a round costs about the same whatever its rows

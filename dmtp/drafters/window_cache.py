@@ -1,4 +1,4 @@
-"""A sliding-window drafter layer's decoding cache, bounded by the window instead of the context (issue 41).
+"""A sliding-window drafter layer's decoding cache, bounded by the window instead of the context.
 
 A layer with `sliding_window` w (`drafter.layer_types`) lets a block query at position p see context
 positions p - w + 1 .. anchor - 1 and its own block's rows: at most w - 1 context rows, whatever the

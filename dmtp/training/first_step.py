@@ -1,4 +1,4 @@
-"""A run that stops before its first training step leaves its directory as it found it (issue 43).
+"""A run that stops before its first training step leaves its directory as it found it.
 
 Refused bad input (a target without an MTP, a missing `init_from`, a data file that does not parse), a fault
 or an interrupt before the first step: what the run wrote there since it claimed the directory (its marker,

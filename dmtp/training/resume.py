@@ -81,7 +81,7 @@ BLOCK_DRAFTER_CHILDREN = ("drafter.backbone.", "drafter.injection.", "drafter.mt
 
 def current_key(key: str) -> str:
     """A checkpoint tensor's name in today's module. Checkpoints written before the drafter became one
-    module (`BlockDrafter`, commit 9fb5202) hold the backbone as `drafter.*` and the injection as
+    module (`BlockDrafter`) hold the backbone as `drafter.*` and the injection as
     `injection.*`; both now live under `drafter.` (`drafter.backbone.*`, `drafter.injection.*`), in
     the same parameter order, so such a run resumes exactly. The MTP correction (`drafter.mtp_correction.*`)
     came after the one unit, so its names are today's already."""

@@ -22,7 +22,7 @@ RECORD_KEY = "dmtp_config"
 # Hydra entry points that moved since a run may have recorded them: old name -> new name, so an older run
 # resumes (and compares equal to today's config) after the move.
 MOVED_TARGETS = {"dmtp.models.target.load_target": "dmtp.tiny.targets.load_target",
-                 # conf/data's and conf/train.yaml model's flat options grouped into records by these (issue 35)
+                 # conf/data's and conf/train.yaml model's flat options grouped into records by these
                  "dmtp.training.datamodule.DraftDataModule": "dmtp.training.datamodule.data_module",
                  "dmtp.training.module.DMTPModule": "dmtp.training.module.dmtp_module"}
 
