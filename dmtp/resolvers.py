@@ -11,7 +11,7 @@ import secrets
 
 from omegaconf import OmegaConf
 
-from dmtp.run_dirs import hydra_run_dir
+from dmtp.runs.dirs import hydra_run_dir
 
 
 def _run_dir(resume, ckpt_path, default):

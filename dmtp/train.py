@@ -18,7 +18,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
     from dmtp.quiet import plain_lightning_logging, quiet_known_warnings
-    from dmtp.run_records import hydra_record, unused_dir_removed
+    from dmtp.runs.records import hydra_record, unused_dir_removed
     from dmtp.threads import apply_threads
 
     plain_lightning_logging()

@@ -1,14 +1,25 @@
 """The benchmark command runs end to end on the micro target, and --reps reports medians of interleaved
 repetitions (acceptance unchanged: every repetition is seeded alike)."""
+import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from dmtp.bench import random_drafters
 
-import bench_decode  # noqa: E402
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
+
+
+def tool(name: str):
+    """A script of tools/ as a module, loaded from its file (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(f"tools_{name}", TOOLS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench_decode = tool("bench_decode")
 
 
 def test_bench_decode_reps_are_medians(tmp_path, micro_target_dir):
@@ -42,7 +53,7 @@ def test_bench_decode_rejects_zero_reps(capsys):
 
 
 def test_bench_threads_times_a_training_step_of_a_preset():
-    import bench_threads  # noqa: E402
+    bench_threads = tool("bench_threads")
 
     result = bench_threads.child("micro", seconds=0.2)
     assert result["steps"] >= 1 and result["steps_per_s"] > 0 and result["threads"] >= 1
@@ -54,7 +65,7 @@ def test_bench_peer_runs_with_an_untrained_drafter(tmp_path, micro_target_dir):
     import pytest
 
     pytest.importorskip("dflash.model")
-    import bench_peer
+    bench_peer = tool("bench_peer")
 
     report = bench_peer.main(["--target", str(micro_target_dir), "--random-drafter", "--domains", "code",
                               "--num-prompts", "2", "--prompt-tokens", "16", "--max-new-tokens", "6", "--reps", "1",
@@ -88,8 +99,8 @@ def test_random_drafters_take_a_published_size(tmp_path, micro_target_dir):
     from dmtp.models.target import TargetModel
 
     target = TargetModel.from_pretrained(micro_target_dir)
-    drafter, _ = bench_decode.random_drafter(target, "raw_dflash", 3, "cpu", None,
-                                             size=bench_decode.RANDOM_DRAFTER_PRESETS["dflash-qwen3-8b"])
+    drafter, _ = random_drafters.random_drafter(target, "raw_dflash", 3, "cpu", None,
+                                             size=random_drafters.RANDOM_DRAFTER_PRESETS["dflash-qwen3-8b"])
     cfg = drafter.config
     assert (cfg.num_hidden_layers, len(cfg.target_layer_ids), cfg.block_size) == (5, 5, 16)
 
@@ -112,7 +123,7 @@ def test_bench_peer_in_bfloat16_with_a_sized_drafter(micro_target_dir):
     import pytest
 
     pytest.importorskip("dflash.model")
-    import bench_peer
+    bench_peer = tool("bench_peer")
 
     report = bench_peer.main(["--target", str(micro_target_dir), "--random-drafter", "--random-drafter-layers", "2",
                               "--random-drafter-taps", "2", "--random-block-size", "16", "--dtype", "bfloat16",
@@ -126,7 +137,7 @@ def test_bench_peer_in_bfloat16_with_a_sized_drafter(micro_target_dir):
 def test_profile_decode_floor_timings_and_kernels(tmp_path, micro_target_dir):
     """tools/profile_decode.py on CPU: the floor arithmetic from the weights' bytes, one row per
     (gqa mode, batch, context, method) with AR's own ratio 1, and a kernel table per profiled method."""
-    import profile_decode
+    profile_decode = tool("profile_decode")
 
     from dmtp.models.qwen3 import gqa_mode
     from dmtp.models.target import TargetModel
@@ -158,7 +169,7 @@ def test_profile_decode_floor_timings_and_kernels(tmp_path, micro_target_dir):
 
 
 def test_profile_decode_refuses_unknown_methods(capsys, micro_target_dir):
-    import profile_decode
+    profile_decode = tool("profile_decode")
     import pytest
 
     with pytest.raises(SystemExit) as e:
@@ -168,7 +179,7 @@ def test_profile_decode_refuses_unknown_methods(capsys, micro_target_dir):
 
 def test_bench_attention_modes_agree(capsys):
     """tools/bench_attention.py: every GQA mode timed on the same call, the same attention as the K/V copy."""
-    import bench_attention
+    bench_attention = tool("bench_attention")
     import pytest
 
     from dmtp.models.qwen3 import gqa_mode
@@ -187,7 +198,7 @@ def test_bench_attention_modes_agree(capsys):
 def test_bench_block_attention_groups_agree_with_the_dense_mask_and_compute_fewer_pairs(capsys):
     """tools/bench_block_attention.py: training's attention in groups of blocks gives the dense mask's output and
     gradients, over fewer (query, key) pairs, and leaves the shipped group size as it was."""
-    import bench_block_attention
+    bench_block_attention = tool("bench_block_attention")
     import pytest
 
     import dmtp.drafters.dflash as dflash
@@ -209,7 +220,7 @@ def test_bench_block_attention_groups_agree_with_the_dense_mask_and_compute_fewe
 def test_bench_drafter_kv_paths_agree_and_cached_allocates_no_kv_copy():
     """tools/bench_drafter_kv.py: the in-place path gives the concatenating path's hidden states and allocates
     at least one K/V copy (every layer, K and V) less per forward."""
-    import bench_drafter_kv
+    bench_drafter_kv = tool("bench_drafter_kv")
 
     rows = bench_drafter_kv.main(["--batch-sizes", "2", "--contexts", "24", "64", "--layers", "2", "--hidden", "32",
                                   "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--block", "4", "--reps", "1"])
@@ -222,10 +233,10 @@ def test_bench_drafter_kv_paths_agree_and_cached_allocates_no_kv_copy():
 
 def test_train_scale_counts_model_flops_part_by_part(micro_target_dir):
     """The MFU's numerator: every part as the module docstring of tools/bench_train_scale.py writes it."""
-    import bench_train_scale
+    bench_train_scale = tool("bench_train_scale")
 
     from dmtp.configs import compose_train
-    from dmtp.training.job import build_components
+    from dmtp.training.components import build_components
 
     module = build_components(compose_train(["debug=tiny_budget"]))[3]
     seq, batch, anchors = 64, 4, 8
@@ -245,12 +256,12 @@ def test_train_scale_counts_model_flops_part_by_part(micro_target_dir):
 def test_train_scale_runs_the_production_trainer_and_reports(tmp_path, micro_target_dir):
     # Its own process: the FSDP strategy sets up a process group (and a rendezvous port) that must not outlive it.
     import subprocess
+    import sys
 
-    import bench_train_scale
+    bench_train_scale = tool("bench_train_scale")
 
     out = tmp_path / "train.json"
-    tool = Path(__file__).resolve().parents[1] / "tools" / "bench_train_scale.py"
-    run = subprocess.run([sys.executable, str(tool), "--target", str(micro_target_dir), "--injections", "raw_dflash",
+    run = subprocess.run([sys.executable, str(TOOLS / "bench_train_scale.py"), "--target", str(micro_target_dir), "--injections", "raw_dflash",
                           "--steps", "5", "--checkpoint-every", "3", "--warmup", "0", "--seq-len", "64", "--anchors",
                           "8", "--layers", "1", "--taps", "2", "--max-examples", "60", "--val-prompts", "2",
                           "--accelerator", "cpu", "--threads", "1", "--workdir", str(tmp_path), "--out", str(out)],

@@ -17,11 +17,11 @@ from dmtp.drafters.block_drafter import BlockDrafter, build_block_drafter, fresh
 from dmtp.drafters.checkpoint import save_drafter
 from dmtp.drafters.dflash import DFlashDrafter
 from dmtp.drafters.dflash2 import DFlash2Drafter
-from dmtp.inference.drafters import load_drafter_for, method_needs_mtp
+from dmtp.inference.drafter_choice import load_drafter_for, method_needs_mtp
 from dmtp.injection.catalogue import make_injection
 from dmtp.training.blocks import draft_blocks, teacher_features
 from dmtp.training.evaluate import decode_after_training
-from dmtp.training.job import build_components
+from dmtp.training.components import build_components
 from dmtp.training.module import DMTPModule
 from dmtp.training.validation import candidate_matches, exact_acceptance
 import dmtp.drafters.block_drafter as block_drafter_module

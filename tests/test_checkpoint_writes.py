@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from dmtp.configs import compose_train
-from dmtp.training import checkpoint_io
-from dmtp.training.checkpoint_io import BackgroundCheckpointIO, checkpoint_io_for
+from dmtp.runs import checkpoint_io
+from dmtp.runs.checkpoint_io import BackgroundCheckpointIO, checkpoint_io_for
 from dmtp.training.job import train
 
 COMMON = ["callbacks=default", "~callbacks.lr_monitor", "callbacks.model_checkpoint.every_n_train_steps=2",

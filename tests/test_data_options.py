@@ -3,6 +3,7 @@ flat keys, and one table says which record each belongs to."""
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -41,3 +42,18 @@ def test_unknown_or_bad_options_are_one_line():
 def test_the_data_module_takes_records_not_thirty_options():
     params = list(inspect.signature(DraftDataModule.__init__).parameters)
     assert params == ["self", "tokenizer", "target", "source", "regen", "val", "loader", "features", "seed"]
+
+
+def test_the_feature_cache_options_are_the_spec_s_fields_with_its_defaults():
+    """What the feature cache stores is declared once (FeatureSpec): each stored field is a data.feature_<name>
+    key of the shipped config, with the spec's default."""
+    from dataclasses import fields
+
+    from dmtp.datagen.feature_spec import FeatureSpec
+    from dmtp.training.data_options import STORED
+
+    data = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "data" / "embedded.yaml")
+    defaults = {f.name: f.default for f in fields(FeatureSpec)}
+    assert set(STORED) == {"codec", "rank", "mtp_rank", "mtp_hidden", "last_hidden", "labels", "top_k"}
+    assert {name: data[f"feature_{name}"] for name in STORED} == {name: defaults[name] for name in STORED}
+    assert all(FLAT_KEYS[f"feature_{name}"] == ("features", name) for name in STORED)

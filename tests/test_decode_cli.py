@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 
 from dmtp.drafters.block_drafter import fresh_drafter_for
 from dmtp.inference.compare import compare_methods as run
-from dmtp.inference.drafters import NO_DRAFTER_MESSAGE, find_latest_drafter
+from dmtp.inference.drafter_choice import NO_DRAFTER_MESSAGE, find_latest_drafter
 from dmtp.models.provenance import weights_digest
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")

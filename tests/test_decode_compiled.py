@@ -1,4 +1,4 @@
-"""The compiled round (`spec_decoder(compile=...)`, dmtp/decode/compiled.py): the same tokens and accepted
+"""The compiled round (`spec_decoder(compile=...)`, dmtp/decode/execution/compiled.py): the same tokens and accepted
 lengths as the eager loop, compile time reported apart, no recompilation once warm, programs of
 different shapes replayed in turn (replay evaluates only the guards that tell a stage's programs apart),
 and sampled calls (eager) in between leave the compiled greedy path as it was.

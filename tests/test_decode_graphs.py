@@ -62,7 +62,7 @@ def test_warmup_restore_leaves_decoding_unchanged(micro_target, micro_mtp, metho
     eager = spec_decoder(micro_target, _proposer(micro_target, micro_mtp, method), eos_token_id=[])
     ref = eager.generate(PROMPTS, max_new_tokens=20, batch_size=3)
 
-    import dmtp.decode.graphs as graphs
+    import dmtp.decode.execution.graphs as graphs
 
     monkeypatch.setattr(graphs, "RoundGraphs", _EagerGraphs)
     fake = spec_decoder(micro_target, _proposer(micro_target, micro_mtp, method), eos_token_id=[], time_stages=False)

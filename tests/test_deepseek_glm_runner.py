@@ -236,7 +236,7 @@ def test_mixed_accepted_lengths_in_one_round(family):
 def test_graph_capture_protocol_leaves_decoding_unchanged(family, monkeypatch):
     """On CPU, the CUDA-graph capture protocol with eager stand-ins (warm-up rounds that write the caches
     past the committed lengths, then the state restore; bucketed batch, 256-rounded caches) decodes the same."""
-    import dmtp.decode.graphs as graphs
+    import dmtp.decode.execution.graphs as graphs
     from test_decode_graphs import _EagerGraphs
 
     monkeypatch.setattr(graphs, "RoundGraphs", _EagerGraphs)

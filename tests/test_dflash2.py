@@ -429,7 +429,7 @@ def test_selector_alpha_warm_up_and_ramp():
 def test_dflash2_config_composes_and_every_variant_trains():
     from dmtp.configs import compose_train
     from dmtp.injection import VARIANTS
-    from dmtp.training.job import build_components
+    from dmtp.training.components import build_components
 
     for name in sorted(VARIANTS):
         torch.manual_seed(0)
@@ -470,7 +470,7 @@ def test_dflash2_config_composes_and_every_variant_trains():
 def test_init_from_a_dflash2_export_trains_on_the_runs_selector_schedule(tmp_path):
     """An export carries no training schedule: continuing one (`init_from`) takes the run's drafter options."""
     from dmtp.configs import compose_train
-    from dmtp.training.job import build_components
+    from dmtp.training.components import build_components
 
     _, _, _, module = build_components(compose_train(["drafter=dflash2", "drafter.num_layers=1"]))
     save_drafter(tmp_path / "export", module.drafter.backbone)

@@ -151,7 +151,7 @@ def test_bad_options_are_one_line():
 
 def test_every_variant_trains_with_drafter_dspark():
     from dmtp.configs import compose_train
-    from dmtp.training.job import build_components
+    from dmtp.training.components import build_components
 
     for name in sorted(VARIANTS):
         torch.manual_seed(0)
@@ -330,7 +330,7 @@ def test_dmtp_dspark_export_is_refused_by_the_vllm_plugin_with_its_reason(micro_
     drafter; a raw DSpark export is vLLM's own Qwen3DSparkModel (not refused, vLLM serves it)."""
     from types import SimpleNamespace
 
-    from dmtp.serving.vllm_refused import RefusedDraftModel, refusal
+    from dmtp.serving.vllm.refused import RefusedDraftModel, refusal
 
     dmtp_dir, raw_dir = tmp_path / "dmtp", tmp_path / "raw"
     dspark_drafter(micro_target, "dual_anchor_zero_init").save(dmtp_dir)
@@ -374,7 +374,7 @@ def test_dspark_round_compiles_as_one_graph_and_equals_eager(micro_target, micro
 
 
 def test_dspark_warmup_restore_leaves_decoding_unchanged(micro_target, micro_mtp, monkeypatch):
-    import dmtp.decode.graphs as graphs
+    import dmtp.decode.execution.graphs as graphs
     from tests.test_decode_graphs import _EagerGraphs
 
     drafter = dspark_drafter(micro_target, "raw_dflash", "gated")

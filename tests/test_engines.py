@@ -1,4 +1,4 @@
-"""Engines behind one interface (dmtp/engines): looked up by name, each decoder a `Decoder`, and what
+"""Engines behind one interface (dmtp/serving): looked up by name, each decoder a `Decoder`, and what
 `dmtp.infer`, regeneration and the benches build is the registered engine's, nothing else."""
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import dataclasses
 import pytest
 
 from dmtp.configs import compose_config
-from dmtp.engines import catalogue
-from dmtp.engines.base import Decoder, DecoderRequest, Engine
-from dmtp.engines.catalogue import engine_named, engine_names
+from dmtp.serving import catalogue
+from dmtp.serving.base import Decoder, DecoderRequest, Engine
+from dmtp.serving.catalogue import engine_named, engine_names
 from dmtp.inference.setup import build_decoder
-from dmtp.serving.vllm_decoder import VLLMDecoder
-from dmtp.training.regenerate import REGEN_ENGINES, RegenSettings
+from dmtp.serving.vllm.decoder import VLLMDecoder
+from dmtp.datagen.regenerate import REGEN_ENGINES, RegenSettings
 
 
 def test_engines_are_looked_up_by_name_and_a_wrong_one_is_one_line():
@@ -41,7 +41,7 @@ def test_infer_decodes_with_the_engine_registered_under_the_name_given(tmp_path,
     """A third engine is one more entry in the catalogue: `dmtp.infer engine=<it>` builds its decoders from
     the request (methods, target, the engine's own options) and reports it; the comparison reads only the
     interface."""
-    from dmtp.engines import dmtp_loop
+    from dmtp.serving import dmtp_loop
     from dmtp.inference.compare import compare_methods
 
     seen = []

@@ -12,7 +12,7 @@ import torch
 
 from dmtp.configs import compose_config, compose_train
 from dmtp.drafters.block_drafter import fresh_drafter_for
-from dmtp.inference.drafters import load_drafter_for
+from dmtp.inference.drafter_choice import load_drafter_for
 from dmtp.models import model_card
 from dmtp.models.model_card import set_card_section
 

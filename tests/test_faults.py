@@ -109,7 +109,7 @@ def test_a_full_disk_is_one_line_and_the_last_good_checkpoint_survives(small_dis
 KILLED_SAVE = """
 import os, signal, sys, torch
 import dmtp.atomic_io as atomic_io
-from dmtp.training.checkpoint_io import AtomicCheckpointIO
+from dmtp.runs.checkpoint_io import AtomicCheckpointIO
 
 class Dying:   # writes half of the file, then the process is killed (no cleanup runs)
     def __init__(self, f): self.f = f
@@ -199,7 +199,7 @@ def test_resume_from_the_run_alone_restores_its_config_and_refuses_what_would_ch
 def test_a_run_from_before_the_config_record_resumes_from_hydras_record(tmp_path):
     from omegaconf import OmegaConf
 
-    from dmtp.training.run_config import RECORD_KEY, recorded_config
+    from dmtp.runs.recorded_config import RECORD_KEY, recorded_config
 
     with pytest.raises(ValueError, match=f"resume={tmp_path}: the run records no config .*ckpt_path="):
         recorded_config(tmp_path, {"state_dict": {}})
@@ -214,7 +214,7 @@ def test_a_run_recorded_before_an_entry_point_moved_resumes_with_the_new_one(tmp
     the old name resumes with the new one, which exists, and compares equal to today's config."""
     import importlib
 
-    from dmtp.training.run_config import RECORD_KEY, recorded_config
+    from dmtp.runs.recorded_config import RECORD_KEY, recorded_config
 
     old = "seed: 5\ntarget:\n  _target_: dmtp.models.target.load_target\n  preset: micro\n"
     restored = recorded_config(tmp_path, {RECORD_KEY: old})
@@ -232,7 +232,7 @@ def test_every_moved_entry_point_exists_and_a_run_recorded_before_the_data_recor
 
     from dmtp.configs import compose_train, instantiate
     from dmtp.training.datamodule import DraftDataModule
-    from dmtp.training.run_config import MOVED_TARGETS, RECORD_KEY, recorded_config
+    from dmtp.runs.recorded_config import MOVED_TARGETS, RECORD_KEY, recorded_config
 
     for new in MOVED_TARGETS.values():
         module, _, name = new.rpartition(".")
@@ -450,8 +450,8 @@ def test_a_regeneration_cache_begun_by_two_workers_is_finished_by_three(micro_ta
     index): a cache half-written with workers=2 is finished with workers=3, each new worker keeping the shards
     already there and decoding only the rest; a kept shard that was damaged meanwhile is decoded again by its new
     owner; the merge names what is missing by the new count's owners; the result is one worker's bytes."""
-    from dmtp.training.regenerate import RegenSettings, regen_manifest, write_share
-    from dmtp.training.shard_cache import Share
+    from dmtp.datagen.regenerate import RegenSettings, regen_manifest, write_share
+    from dmtp.datagen.shards import Share
 
     gen = torch.Generator().manual_seed(11)
     prompts = [torch.randint(5, 500, (6,), generator=gen).tolist() for _ in range(12)]   # 6 shards of 2

@@ -1,4 +1,4 @@
-"""The offline feature cache (dmtp.training.feature_cache, `data.features=true`): training from it, the target's
+"""The offline feature cache (dmtp.datagen.feature_cache, `data.features=true`): training from it, the target's
 decoder never loaded, gives the online run's losses and export (exactly in fp32; to bf16's rounding in bf16), for
 DMTP and raw DFlash; the codecs' round trips; the labels' reconstruction; damaged, missing or insufficient caches
 are one line; W capture workers write the bytes of one; the storage bill refuses a disk too small."""
@@ -11,13 +11,14 @@ from safetensors.torch import load_file
 
 from dmtp.configs import compose_config, compose_train
 from dmtp.models.target_head import TargetHead
-from dmtp.training import feature_cache as fc
+from dmtp.datagen import feature_cache as fc
 from dmtp.training import prepare as prep
 from dmtp.training.cached_features import teacher_logits
-from dmtp.training.feature_codecs import decode, encode, fit_basis, vector_bytes
-from dmtp.training.feature_spec import FeatureSpec, deepspec_token_bytes
-from dmtp.training.job import build_components, train
-from dmtp.training.shard_cache import Share
+from dmtp.datagen.feature_codecs import decode, encode, fit_basis, vector_bytes
+from dmtp.datagen.feature_spec import FeatureSpec, deepspec_token_bytes
+from dmtp.training.components import build_components
+from dmtp.training.job import train
+from dmtp.datagen.shards import Share
 
 ROWS = ["data=regenerated", "data.regen_sequences=16", "trainer.precision=32-true", "data.feature_shard_rows=8"]
 

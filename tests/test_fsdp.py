@@ -14,7 +14,8 @@ import torch
 from safetensors.torch import load_file
 
 from dmtp.configs import compose_train
-from dmtp.training.job import export_dtype, target_device
+from dmtp.training.components import target_device
+from dmtp.training.export import export_dtype
 
 # Constant learning rate (no schedule), so that a 2-step run continued to 4 steps is the 4-step run; clipping
 # at a small norm, so that every step is clipped (a norm of the local shard alone would show).

@@ -7,7 +7,7 @@ import pytest
 
 from dmtp.decode import build_proposer
 from dmtp.families.decoding import spec_decoder
-import dmtp.decode.graphs as graphs
+import dmtp.decode.execution.graphs as graphs
 from test_decode_graphs import _EagerGraphs
 from test_decode_loop import (MAX_NEW, _check_positions_below_span, continuations, eos_and_refs,  # noqa: F401
                               greedy_reference, make_drafter, prompts, tokenizer)

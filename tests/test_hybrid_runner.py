@@ -247,7 +247,7 @@ def test_graph_warmup_restores_recurrent_state(hybrid, monkeypatch):
     prompts = _prompts(target.config.vocab_size)[:3]
     ref = spec_decoder(target, _proposer("mtp415", target, mtp), eos_token_id=[]).generate(prompts, NEW, batch_size=3)
 
-    import dmtp.decode.graphs as graphs
+    import dmtp.decode.execution.graphs as graphs
 
     monkeypatch.setattr(graphs, "RoundGraphs", _EagerGraphs)
     fake = spec_decoder(target, _proposer("mtp415", target, mtp), eos_token_id=[], time_stages=False)

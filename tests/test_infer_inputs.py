@@ -12,7 +12,7 @@ from cli_runner import infer_cli
 from dmtp.configs import compose_config
 from dmtp.data.evalsets import load_eval_set
 from dmtp.drafters.block_drafter import fresh_drafter_for
-from dmtp.inference.drafters import NO_DRAFTER_MESSAGE, find_latest_drafter, no_drafter_for
+from dmtp.inference.drafter_choice import NO_DRAFTER_MESSAGE, find_latest_drafter, no_drafter_for
 from dmtp.models.target import load_tokenizer
 
 def _save_drafter(target, path, trained_for):

@@ -14,8 +14,9 @@ from dmtp.configs import compose_train
 from dmtp.decode import build_proposer
 from dmtp.families.decoding import spec_decoder
 from dmtp.families.mtp_loading import MTPLoadError, load_native_mtp
-from dmtp.inference.drafters import load_drafter_for, mtp_for_drafter
-from dmtp.training.job import build_components, train
+from dmtp.inference.drafter_choice import load_drafter_for, mtp_for_drafter
+from dmtp.training.components import build_components
+from dmtp.training.job import train
 
 
 class _Keep(L.Callback):

@@ -2,18 +2,20 @@
 `from x import y`, relative imports): no import circle between modules, and no arrow from a lower tier up to a
 higher one. A module may import its own tier sideways (another package of it) only where that makes no circle.
 
-Tiers, low -> high (the one table; a new package or top-level module must be placed here, or this test fails):
-  0  utilities every layer may use (files, paths, threads, warnings, error wording, config composition)
-  1  the model, drafter-architecture, injection and data libraries
+Tiers, low -> high (the one table, one tier per folder; a new package or top-level module must be placed here,
+or this test fails):
+  0  utilities every layer may use (files, paths, threads, warnings, error wording, config composition) and a
+     training run's lifecycle (dmtp.runs: directories, resume, checkpoint I/O, RNG state, the safety callbacks)
+  1  the model, injection, drafter-architecture (the block drafter included) and data libraries
   2  what is built on them: decoding, the target families (each one's MTP block and static-cache runner,
-     built on decoding's runner machinery), the block drafter (dmtp.drafters.block_drafter: a backbone of
-     dmtp.drafters with its injection), the embedded tiny-target builder
-  3  applications of those: training, serving, the engines that decode behind one interface, inference, reports
+     built on decoding's runner machinery), the embedded tiny-target builder
+  3  applications of those: reports, serving (every engine behind one interface), offline data generation,
+     inference, the benchmarks' shared pieces, training
   4  commands and their command-line plumbing, and tools/
 Inside a tier, packages that build on others of it sit above them (the decimals): the injection variants below
-the drafter architectures (1.1 < 1.2), the block drafter below decoding below the families that give it runners
-below the tiny-target builder (2.0 < 2.1 < 2.2 < 2.3), serving and reports below the engines below inference
-below training (3.0 < 3.1 < 3.2 < 3.3).
+the drafter architectures (1.1 < 1.2), decoding below the families that give it runners below the tiny-target
+builder (2.1 < 2.2 < 2.3), reports below serving below data generation (which writes through an engine) below
+inference below the benchmarks' pieces below training (3.0 < 3.1 < 3.15 < 3.2 < 3.25 < 3.3). Commands (COMMANDS) are tier 4 wherever they sit.
 """
 from __future__ import annotations
 
@@ -26,19 +28,19 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 TIERS = {
-    # 0: utilities
+    # 0: utilities, and the run's lifecycle
     "dmtp": 0,   # the package's __init__ only (it registers the config resolvers)
     "dmtp.atomic_io": 0, "dmtp.paths": 0, "dmtp.threads": 0, "dmtp.quiet": 0, "dmtp.errors": 0,
-    "dmtp.configs": 0, "dmtp.resolvers": 0, "dmtp.run_dirs": 0, "dmtp.run_records": 0,
+    "dmtp.configs": 0, "dmtp.resolvers": 0, "dmtp.runs": 0,
     # 1: libraries (the block width, dmtp.models.block_size, is the models' and read by both above them)
     "dmtp.models": 1, "dmtp.data": 1, "dmtp.injection": 1.1, "dmtp.drafters": 1.2,
     # 2: built on the libraries
-    "dmtp.drafters.block_drafter": 2, "dmtp.decode": 2.1, "dmtp.families": 2.2, "dmtp.tiny": 2.3,
+    "dmtp.decode": 2.1, "dmtp.families": 2.2, "dmtp.tiny": 2.3,
     # 3: applications
-    "dmtp.serving": 3, "dmtp.reports": 3, "dmtp.engines": 3.1, "dmtp.inference": 3.2, "dmtp.training": 3.3,
+    "dmtp.reports": 3, "dmtp.serving": 3.1, "dmtp.datagen": 3.15, "dmtp.inference": 3.2, "dmtp.bench": 3.25,
+    "dmtp.training": 3.3,
     # 4: commands (imported by nothing: see COMMANDS) and their plumbing; tools/
     "dmtp.cli": 4, "dmtp.train": 4, "dmtp.infer": 4, "dmtp.report": 4, "dmtp.prepare": 4, "dmtp.regime": 4,
-    "dmtp.tiny.build": 4,
     "tools": 4,
 }
 COMMANDS = {"dmtp.train", "dmtp.infer", "dmtp.report", "dmtp.prepare", "dmtp.regime", "dmtp.tiny.build"}
@@ -82,7 +84,7 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
 def import_graph() -> dict[str, set[str]]:
     files = source_files()
     known = set(files)
-    # tools/ run as scripts next to each other (`from bench_decode import ...`)
+    # tools/ run as scripts: an import of one by another (`from bench_decode import ...`) is seen by its bare name
     known |= {n.split(".", 1)[1] for n in files if n.startswith("tools.")}
     graph = {}
     for name, path in files.items():
@@ -92,6 +94,8 @@ def import_graph() -> dict[str, set[str]]:
 
 
 def tier_of(module: str) -> float | None:
+    if module in COMMANDS:
+        return 4
     table = TIERS
     best = None
     for prefix in table:
@@ -153,6 +157,12 @@ def test_every_module_has_a_tier():
     assert unplaced == [], f"place these in tests/test_layering.py TIERS: {unplaced}"
 
 
+def test_one_tier_per_folder():
+    """Each entry of the table is a top-level package or module: a folder has one tier, all of it."""
+    nested = sorted(m for m in TIERS if m.startswith("dmtp.") and m.count(".") > 1)
+    assert nested == [], f"tier entries inside a package: {nested}"
+
+
 def test_no_import_circle():
     found = [" -> ".join(c) for c in cycles(import_graph())]
     assert found == [], "import circles:\n" + "\n".join(found)
@@ -171,6 +181,14 @@ def upward_arrows(graph) -> list[str]:
 def test_no_upward_import():
     arrows = upward_arrows(import_graph())
     assert arrows == [], "upward imports:\n" + "\n".join(arrows)
+
+
+def test_no_tool_imports_another_tool():
+    """What two scripts share lives in the package (dmtp.bench), not in one of them."""
+    graph = import_graph()
+    offenders = sorted(f"{m} imports {t}" for m, targets in graph.items() if m.startswith("tools.")
+                       for t in targets if t.startswith("tools."))
+    assert offenders == [], offenders
 
 
 def test_no_module_imports_a_command():
@@ -199,6 +217,6 @@ def test_the_arrows_that_once_pointed_up_are_upward_in_the_table():
     catalogue, and dmtp's engine built its decoders through the inference loader: each now goes the other way (the
     width is dmtp.models.block_size's, the runner is chosen in dmtp.families.decoding), and the table keeps it so."""
     for low, high in (("dmtp.injection.base", "dmtp.drafters.dflash"), ("dmtp.decode.loop", "dmtp.families.catalogue"),
-                      ("dmtp.engines.dmtp_loop", "dmtp.inference.setup")):
+                      ("dmtp.serving.dmtp_loop", "dmtp.inference.setup")):
         assert tier_of(low) < tier_of(high)
         assert high not in import_graph()[low]

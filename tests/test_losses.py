@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dmtp.configs import compose_train
-from dmtp.training.job import build_components
+from dmtp.training.components import build_components
 from dmtp.training.losses import total_variation
 from dmtp.training.module import dmtp_module
 

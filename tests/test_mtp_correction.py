@@ -176,7 +176,7 @@ def test_a_correction_trained_on_greedy_tokens_stays_out_of_sampled_decoding(tmp
     through it, sampled decoding with the native MTP (its overlap with the target's distribution is the native's),
     and the flag travels with the export; a KL-trained correction serves both modes."""
     from dmtp.decode import SamplingConfig
-    from dmtp.inference.drafters import greedy_correction_note
+    from dmtp.inference.drafter_choice import greedy_correction_note
 
     drafter = _perturbed(fresh_drafter_for(micro_target, "dual_anchor_zero_init", 1, mtp_correction_rank=4), 1.0)
     drafter.mtp_correction.greedy_only = True

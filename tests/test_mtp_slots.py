@@ -1,4 +1,4 @@
-"""The serving MTP cache (`dmtp.serving.mtp_slots`): many requests caught up together in one shared cache give
+"""The serving MTP cache (`dmtp.serving.vllm.mtp_slots`): many requests caught up together in one shared cache give
 each request's rows exactly as a private cache per request does, through prompt chunks, decode steps of
 different lengths, rejected rows rewritten, requests finishing and their slots reused, and the cache growing."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dmtp.serving.mtp_slots import MTPRows, MTPSlots
+from dmtp.serving.vllm.mtp_slots import MTPRows, MTPSlots
 
 BLOCK_ROWS = 4   # 1 + the speculative tokens
 MAX_POSITION = 96

@@ -14,7 +14,7 @@ from dmtp.injection.catalogue import make_injection
 from dmtp.models.mtp_chain import TeacherChain
 from dmtp.training.blocks import sample_anchors, valid_anchors
 from dmtp.training.draws import BatchDraws
-from dmtp.training.job import build_components
+from dmtp.training.components import build_components
 from tests.test_decode_loop import MAX_NEW, prompts, tokenizer  # noqa: F401
 from tests.test_decode_sampling import N_SAMPLES, STEPS, _chi2_pvalue, _exact_probs
 

@@ -15,7 +15,7 @@ CALLERS = {"dmtp/inference/compare.py": LOADS - {"build_decoder"},   # its decod
            "tools/bench_decode.py": LOADS, "tools/bench_peer.py": LOADS,
            # decode-after holds its trained modules already; the target's own MTP, for the chain baseline beside them
            "dmtp/training/evaluate.py": {"build_decoder", "load_mtp"},
-           "dmtp/engines/dmtp_loop.py": {"build_decoder"}}   # engine=dmtp (dmtp.infer, regeneration, benches)
+           "dmtp/serving/dmtp_loop.py": {"build_decoder"}}   # engine=dmtp (dmtp.infer, regeneration, benches)
 # build_decoder is defined where the loop meets the families' runners (dmtp.families.decoding) and re-exported by
 # the loader; the engines sit below the loader and take it from there.
 LOADERS = ("dmtp.inference.setup", "dmtp.families.decoding")

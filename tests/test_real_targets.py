@@ -28,7 +28,8 @@ from dmtp.families.hybrid import HybridTargetRunner
 from dmtp.families.mtp_loading import MTPLoadError, load_native_mtp
 from dmtp.inference.compare import compare_methods as infer_run
 from dmtp.models.target import TargetModel
-from dmtp.training.job import build_components, train
+from dmtp.training.components import build_components
+from dmtp.training.job import train
 from test_mtp_loading import qwen_mtp_tensors
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")

@@ -113,7 +113,7 @@ def test_an_option_of_another_config_choice_is_one_line(tmp_path, monkeypatch, c
 
 
 def test_a_continued_run_names_its_checkpoint_its_step_and_what_differs_from_its_record():
-    from dmtp.training.run_config import resume_line
+    from dmtp.runs.recorded_config import resume_line
 
     ckpt = Path("r/checkpoints/step000006.ckpt")
     record = OmegaConf.create({"seed": 0, "model": {"loss": "ce"}, "trainer": {"max_steps": 6},

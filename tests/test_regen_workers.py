@@ -1,5 +1,5 @@
 """Regeneration shared out over W workers (`python -m dmtp.prepare step=regen workers=W worker=i`,
-dmtp.training.regenerate.write_share): 2 worker processes write the very bytes 1 worker writes (sampled, so each
+dmtp.datagen.regenerate.write_share): 2 worker processes write the very bytes 1 worker writes (sampled, so each
 shard's own seed is what makes them equal), the command shares out every cache the run reads and its merge step
 verifies the result and names what is missing, and a worker killed mid-shard loses only that shard."""
 from __future__ import annotations
@@ -17,8 +17,8 @@ import torch
 
 from dmtp.configs import compose_config
 from dmtp.training.prepare import prepare
-from dmtp.training.regenerate import RegenSettings, cache_dir_for, regen_manifest, write_share
-from dmtp.training.shard_cache import Share
+from dmtp.datagen.regenerate import RegenSettings, cache_dir_for, regen_manifest, write_share
+from dmtp.datagen.shards import Share
 
 ROOT = Path(__file__).resolve().parents[1]
 DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE")
@@ -41,8 +41,8 @@ def _shards(home: Path) -> dict[str, bytes]:
 WORKER = """
 import json, sys
 from dmtp.models.target import TargetModel
-from dmtp.training.regenerate import RegenSettings, write_share
-from dmtp.training.shard_cache import Share
+from dmtp.datagen.regenerate import RegenSettings, write_share
+from dmtp.datagen.shards import Share
 
 target_dir, root, worker = sys.argv[1], sys.argv[2], int(sys.argv[3])
 settings = RegenSettings(new_tokens=8, temperature=1.0, top_k=50, seed=5, batch_size=2, shard_size=2)
@@ -99,9 +99,9 @@ HANGING_WORKER = """
 import json, sys, time
 import torch
 from dmtp.models.target import TargetModel
-from dmtp.training import regenerate as regen
-from dmtp.training.regenerate import RegenSettings, write_share
-from dmtp.training.shard_cache import Share
+from dmtp.datagen import regenerate as regen
+from dmtp.datagen.regenerate import RegenSettings, write_share
+from dmtp.datagen.shards import Share
 
 target_dir, root, marker = sys.argv[1:4]
 prompts = json.loads(sys.argv[4])

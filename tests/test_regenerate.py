@@ -1,4 +1,4 @@
-"""The target writes its own training data through the one decoding loop (dmtp.training.regenerate):
+"""The target writes its own training data through the one decoding loop (dmtp.datagen.regenerate):
 greedy responses equal the target's own greedy decoding, sampled ones are reproducible from a seed,
 the cache is keyed by everything that changes the output, and a killed run resumes without redoing
 finished shards."""
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from dmtp.configs import compose_train
-from dmtp.training import regenerate as regen_mod
-from dmtp.training.regenerate import RegenSettings, cache_dir_for, regenerate
+from dmtp.datagen import regenerate as regen_mod
+from dmtp.datagen.regenerate import RegenSettings, cache_dir_for, regenerate
 from dmtp.training.job import train
 
 NEW = 12
@@ -231,8 +231,8 @@ def test_a_rank_waiting_for_its_own_runs_other_rank_does_not_call_it_another_run
     import os
     import threading
 
-    from dmtp.training.regenerate import _waiting_notice
-    from dmtp.training.shard_cache import shard_lock
+    from dmtp.datagen.regenerate import _waiting_notice
+    from dmtp.datagen.shards import shard_lock
 
     for env in ({"MASTER_PORT": "29555"}, {"MASTER_PORT": "29556"}):
         monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")

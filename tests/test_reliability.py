@@ -24,8 +24,9 @@ from dmtp.drafters.checkpoint import save_drafter
 from dmtp.drafters.dflash import DFlashConfig, DFlashDrafter
 from dmtp.models.target import TargetModel
 from dmtp.training.datamodule import read_records
-from dmtp.training.guards import NonFiniteError
-from dmtp.training.job import build_components, train
+from dmtp.runs.guards import NonFiniteError
+from dmtp.training.components import build_components
+from dmtp.training.job import train
 
 QUIET = ["model.val_walk=false", "trainer.enable_progress_bar=false"]
 

@@ -9,8 +9,8 @@ import torch
 import dmtp.training.module as module_file
 from dmtp.configs import compose_train
 from dmtp.injection import VARIANTS
-from dmtp.training.guards import FiniteGuard
-from dmtp.training.job import build_components
+from dmtp.runs.guards import FiniteGuard
+from dmtp.training.components import build_components
 from test_training import _batch
 
 HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__")

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from dmtp.quiet import quiet_known_warnings
-from dmtp.training.progress import step_description
+from dmtp.runs.progress import step_description
 from dmtp.reports.walk import walk_rows, walk_table
 
 
@@ -54,7 +54,7 @@ def test_walk_table_puts_the_mtp_chain_beside_the_drafter():
 def test_flat_record_names_both_walks():
     from omegaconf import OmegaConf
 
-    from dmtp.training.job import flat_metrics
+    from dmtp.training.export import flat_metrics
 
     summary = {"injection": "dual_anchor_zero_init", "drafter_arch": "DFlashDraftModel", "global_step": 5,
                "val/code/tau": 3.0, "val/code/P(L>=3)": 0.5, "val/code/mtp415_P(L>=3)": 0.25,

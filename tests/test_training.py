@@ -16,7 +16,8 @@ from dmtp.drafters.dflash import DFlashConfig, DFlashDrafter
 from dmtp.injection import VARIANTS
 from dmtp.injection.catalogue import make_injection
 from dmtp.training.blocks import draft_blocks, sample_anchors, teacher_features, valid_anchors
-from dmtp.training.job import build_components, train
+from dmtp.training.components import build_components
+from dmtp.training.job import train
 
 
 def _batch(tokenizer, seq_len=64, rows=4):

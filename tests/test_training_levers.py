@@ -7,7 +7,7 @@ import torch
 
 from dmtp.configs import compose_train
 from dmtp.injection import VARIANTS
-from dmtp.training.job import build_components
+from dmtp.training.components import build_components
 from test_training import _batch
 
 

@@ -8,8 +8,9 @@ import json
 import pytest
 
 from dmtp.configs import compose_train
-from dmtp.training import datamodule, regenerate as regen_mod
-from dmtp.training.job import build_components
+from dmtp.datagen import regenerate as regen_mod
+from dmtp.training import datamodule
+from dmtp.training.components import build_components
 from test_regenerate import _hf_greedy
 
 TEXTS = ["def add(a, b):\n    return", "The sum of 3 and 4 is", "import os\nimport sys\n\ndef main():"]

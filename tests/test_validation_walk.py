@@ -9,7 +9,7 @@ from dmtp.families.decoding import spec_decoder
 from dmtp.drafters.block_drafter import fresh_drafter_for
 from dmtp.models.target import load_tokenizer
 from dmtp.training.blocks import teacher_features
-from dmtp.training.job import build_components
+from dmtp.training.components import build_components
 from dmtp.training.validation import candidate_matches, exact_acceptance, mtp_chain_matches, walk
 from tests.test_decode_loop import make_drafter
 

@@ -1,4 +1,4 @@
-"""One verify length per batch (`verify_length`, dmtp/decode/verify_length.py, issue 41).
+"""One verify length per batch (`verify_length`, dmtp/decode/verify_length/policy.py, issue 41).
 
 The loop with a fixed or chosen L equals the reference round verifying the first L candidates of the same
 proposal, round by round, and the target's greedy tokens, for drafters with a confidence head, MTP-led
@@ -18,11 +18,11 @@ import torch
 from dmtp.decode import SamplingConfig, build_proposer
 from dmtp.families.decoding import spec_decoder
 from dmtp.decode import SpecDecoder
-from dmtp.decode.length_costs import measure_round_costs
+from dmtp.decode.verify_length.costs import measure_round_costs
 from dmtp.decode.reference import reference_generate, reference_proposal
-from dmtp.decode.length_stats import (HITS, OBSERVED, PREDICTED, PREDICTED_OBSERVED, REQUESTS, LengthStats,
+from dmtp.decode.verify_length.stats import (HITS, OBSERVED, PREDICTED, PREDICTED_OBSERVED, REQUESTS, LengthStats,
                                       Readout)
-from dmtp.decode.verify_length import VerifyLengthPolicy
+from dmtp.decode.verify_length.policy import VerifyLengthPolicy
 from dmtp.drafters.block_drafter import fresh_drafter_for
 from test_dspark import PROMPTS, dspark_drafter
 
@@ -131,7 +131,7 @@ def test_switching_lengths_keep_the_target_distribution(micro_target, micro_mtp,
 def test_one_program_per_length_through_the_capture_protocol(micro_target, micro_mtp, monkeypatch, cycling):
     """With graphs (an eager stand-in keeping the protocol: warm-up passes, then the restore), every L of
     the cost table is captured once and replayed, and decoding is the reference round's."""
-    import dmtp.decode.graphs as graphs
+    import dmtp.decode.execution.graphs as graphs
     from test_decode_graphs import _EagerGraphs
 
     monkeypatch.setattr(graphs, "RoundGraphs", _EagerGraphs)

@@ -14,7 +14,7 @@ import torch
 from dmtp.reports import tables as M
 from dmtp.decode import verify as V
 from dmtp.decode.metrics import AcceptanceRecorder, throughput
-from dmtp.decode.stage_timer import StageTimer
+from dmtp.decode.execution.stage_timer import StageTimer
 from dmtp.reports.tables import format_table
 from dmtp.decode.verify import (
     accept_rejection_sampling,

@@ -8,16 +8,13 @@ difference from `repeat` (the old K/V copy). Qwen3-8B's attention shapes by defa
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dmtp.bench.args import add_machine_args, write_report
 from dmtp.models.qwen3 import additive_mask, attend, set_gqa_mode  # noqa: E402
 
 MODES = ("repeat", "grouped", "native")
@@ -55,11 +52,8 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    ap.add_argument("--device", default="cpu")
     ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--out", default=None)
+    add_machine_args(ap, device="cpu", dtype="float32", threads=0)
     args = ap.parse_args(argv)
     if args.heads % args.kv_heads or args.kv_heads >= args.heads:
         ap.error(f"--heads ({args.heads}) must be a multiple of --kv-heads ({args.kv_heads}) and larger")
@@ -85,8 +79,7 @@ def main(argv=None) -> list[dict]:
                           f"{c['max_abs_diff']:.1e} |", flush=True)
     finally:
         set_gqa_mode(before)
-    if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
+    write_report(args.out, rows)
     return rows
 
 

@@ -10,17 +10,14 @@ default (2 rows of 2048 tokens, 512 anchors, blocks of 16, sorted anchors as tra
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dmtp.drafters.dflash as dflash  # noqa: E402
+from dmtp.bench.args import add_machine_args, write_report
 from dmtp.drafters.dflash import attend_context_and_blocks, block_groups, dflash_attention_mask  # noqa: E402
 from dmtp.models.qwen3 import additive_mask  # noqa: E402
 
@@ -73,11 +70,8 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    ap.add_argument("--device", default="cpu")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--out", default=None)
+    add_machine_args(ap, device="cpu", dtype="float32", threads=0)
     args = ap.parse_args(argv)
     if args.heads % args.kv_heads:
         ap.error(f"--heads ({args.heads}) must be a multiple of --kv-heads ({args.kv_heads})")
@@ -123,8 +117,7 @@ def main(argv=None) -> list[dict]:
         rows.append({"group_rows": r, "groups": groups, "pairs": pairs, "ms": ms, "max_abs_diff": diff})
         speed = f"x{base / ms:.2f}" if base else "-"
         print(f"| {r or 'dense'} | {groups} | {pairs / 1e6:.1f} | {ms:.1f} | {speed} | {diff:.1e} |", flush=True)
-    if args.out:
-        Path(args.out).write_text(json.dumps({"args": vars(args), "results": rows}, indent=2) + "\n")
+    write_report(args.out, {"args": vars(args), "results": rows})
     return rows
 
 

@@ -6,7 +6,7 @@
         # with the experiments' drafter (5 layers, 5 taps, 512 anchors); tools/gpu_check.sh's realsize_train runs it
 
 1. regeneration: the target's greedy responses to `--prompts` prompts (`--new-tokens` each, batches of 64) written
-   by 1 worker process, then by 2 worker processes at once (dmtp.training.regenerate.write_share, each its own
+   by 1 worker process, then by 2 worker processes at once (dmtp.datagen.regenerate.write_share, each its own
    shards): tokens/s per worker and for the whole cache (tokens / the slowest worker's wall time).
 2. capture: the feature cache of `--rows` packed rows of the embedded corpora (`--seq-len` tokens; the drafter's
    taps + the MTP hidden + greedy labels) in bf16 and fp8: bytes/s and rows/s of one worker.
@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from dmtp.bench.args import write_report
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -47,8 +49,8 @@ def _prompts(preset: str, n: int, length: int) -> tuple[str, list[list[int]]]:
 def regen_worker(args) -> None:
     """One worker process (internal): its share of the cache, then {tokens, seconds} as a JSON line."""
     from dmtp.models.target import TargetModel
-    from dmtp.training.regenerate import RegenSettings, write_share
-    from dmtp.training.shard_cache import Share
+    from dmtp.datagen.regenerate import RegenSettings, write_share
+    from dmtp.datagen.shards import Share
 
     path, prompts = _prompts(args.preset, args.prompts, 64)
     target = TargetModel.from_pretrained(path)
@@ -104,7 +106,7 @@ def bench_capture(args, home: Path) -> dict:
 def bench_training(args, home: Path) -> dict:
     from dmtp.configs import compose_train
     from dmtp.training.draws import RowDraws
-    from dmtp.training.job import build_components
+    from dmtp.training.components import build_components
 
     runs = {}
     for name, extra in (("online", []), ("cache_bf16", ["data.features=true", "data.feature_codec=bf16"])):
@@ -183,8 +185,7 @@ def main() -> None:
               "capture": bench_capture(args, home), "training": bench_training(args, home),
               "load_after": os.getloadavg(), "torch_threads": torch.get_num_threads()}
     print(json.dumps(result, indent=2))
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_report(args.out, result)
 
 
 if __name__ == "__main__":

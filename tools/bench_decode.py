@@ -22,22 +22,20 @@ mode) and every mode's under `by_verification`.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
-import sys
-import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dmtp.bench.args import add_machine_args, write_report
+from dmtp.bench.hf_baseline import hf_generate
+from dmtp.bench.random_drafters import (add_random_drafter_size_args, random_drafter,
+                                        random_drafter_mask_id, random_drafter_size)
 from dmtp.decode import SamplingConfig  # noqa: E402
 from dmtp.decode.sampling import VERIFICATION_MODES  # noqa: E402
-from dmtp.decode.metrics import throughput  # noqa: E402
-from dmtp.inference.drafters import find_latest_drafter  # noqa: E402
-from dmtp.inference.prompt_sets import embedded_prompts  # noqa: E402
+from dmtp.inference.drafter_choice import find_latest_drafter  # noqa: E402
+from dmtp.inference.prompt_choice import embedded_prompts  # noqa: E402
 from dmtp.inference.setup import (build_decoder, load_drafter, load_mtp, load_target, placement,  # noqa: E402
                                   target_config)
 from dmtp.inference.workloads import decode_workloads  # noqa: E402
@@ -198,85 +196,6 @@ def drafter_spec(spec: str) -> tuple[str, dict]:
     return path, options
 
 
-def random_drafter_mask_id(tok, target) -> int:
-    """The mask token of an untrained drafter: the tokenizer's `<|mask|>` where it has one, else the last id."""
-    return tok.convert_tokens_to_ids("<|mask|>") if "<|mask|>" in tok.get_vocab() else target.config.vocab_size - 1
-
-
-# Random drafters sized like published ones (timings real, acceptance meaningless): layers, tapped target
-# layers, block. dflash-qwen3-8b is z-lab's Qwen3-8B DFlash drafter (reference/real-scale.md); plumbing is
-# the old fixed size (1 layer, 1 tap, block 8).
-RANDOM_DRAFTER_PRESETS = {
-    "dflash-qwen3-8b": {"num_layers": 5, "num_target_features": 5, "block_size": 16},
-    "plumbing": {"num_layers": 1, "num_target_features": 1, "block_size": 8},
-}
-
-
-def add_random_drafter_size_args(ap: argparse.ArgumentParser) -> None:
-    """The options that size random drafters (bench_decode and bench_peer)."""
-    ap.add_argument("--random-drafter-preset", default="plumbing", choices=sorted(RANDOM_DRAFTER_PRESETS),
-                    help="size of random drafters: a published drafter's (dflash-qwen3-8b: 5 layers, 5 taps, "
-                         "block 16) or plumbing (1, 1, 8); the three options below override it")
-    ap.add_argument("--random-drafter-layers", type=int, default=None, help="drafter layers of random drafters")
-    ap.add_argument("--random-drafter-taps", type=int, default=None, help="tapped target layers of random drafters")
-    ap.add_argument("--random-block-size", type=int, default=None, help="block size of random drafters")
-
-
-def random_drafter_size(args, ap: argparse.ArgumentParser, target_layers: int | None = None) -> dict:
-    """The preset's size with the explicit options applied; a bad value is a one-line usage error."""
-    size = dict(RANDOM_DRAFTER_PRESETS[args.random_drafter_preset])
-    for key, value in (("num_layers", args.random_drafter_layers), ("num_target_features", args.random_drafter_taps),
-                       ("block_size", args.random_block_size)):
-        if value is not None:
-            size[key] = value
-    if size["num_layers"] < 1 or size["num_target_features"] < 1:
-        ap.error(f"random drafters need at least 1 layer and 1 tap, got {size['num_layers']} and {size['num_target_features']}")
-    if not 2 <= size["block_size"] <= 64:
-        ap.error(f"--random-block-size must be in 2..64, got {size['block_size']}")
-    if target_layers is not None and size["num_target_features"] > target_layers:
-        ap.error(f"--random-drafter-taps {size['num_target_features']} exceeds the target's {target_layers} layers")
-    return size
-
-
-def random_drafter(target, name: str, mask_token_id: int, device, dtype, seed: int = 0, size: dict | None = None):
-    from dmtp.drafters.block_drafter import fresh_drafter_for
-
-    return fresh_drafter_for(target, name, mask_token_id, seed=seed, **(size or {})).to(device, dtype), name
-
-
-@torch.no_grad()
-def hf_generate(target, prompts, max_new_tokens: int, batch_size: int, eos: int | None) -> dict:
-    """transformers' own greedy generate(), left-padded batches; throughput incl. prefill."""
-    hf, dev = target.hf, target.device
-    pad = eos if eos is not None else 0
-    outputs = []
-    # warm-up
-    hf.generate(torch.tensor([prompts[0]], device=dev), max_new_tokens=4, do_sample=False, pad_token_id=pad,
-                eos_token_id=eos)
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    t0 = time.perf_counter()
-    for s in range(0, len(prompts), batch_size):
-        chunk = prompts[s:s + batch_size]
-        t = max(map(len, chunk))
-        ids = torch.full((len(chunk), t), pad, dtype=torch.long)
-        mask = torch.zeros((len(chunk), t), dtype=torch.long)
-        for i, p in enumerate(chunk):
-            ids[i, t - len(p):] = torch.tensor(p)
-            mask[i, t - len(p):] = 1
-        out = hf.generate(ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=max_new_tokens, do_sample=False,
-                          pad_token_id=pad, eos_token_id=eos)
-        for row in out[:, t:].tolist():
-            if eos is not None and eos in row:
-                row = row[: row.index(eos) + 1]
-            outputs.append(row)
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    wall = time.perf_counter() - t0
-    n = sum(len(o) for o in outputs)
-    return {"tokens": outputs, "output_tokens": n, "wall_s": wall, "tokens_per_s": throughput(n, wall)}
-
-
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=None, help="target checkpoint dir (default: the embedded --preset)")
@@ -291,17 +210,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--dtype", default="auto")
     ap.add_argument("--no-cuda-graphs", action="store_true")
     ap.add_argument("--compile", choices=["off", "on", "both"], default="off",
                     help="CPU: torch.compile the round (on), or decode every method both eagerly and compiled "
                          "(both: '<method> compiled' rows); compile time is reported apart")
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers generate() baseline")
-    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
     ap.add_argument("--reps", type=int, default=1,
                     help="decode everything this many times, the methods interleaved; tok/s and stage times are medians")
-    ap.add_argument("--out", default=None, help="write the JSON report here")
+    add_machine_args(ap, threads=0)
     ap.add_argument("--throughput-batch-sizes", type=int, nargs="*", default=[],
                     help="also decode all prompts together at each batch size: tok/s vs batch size")
     ap.add_argument("--verification", nargs="+", default=["target_only"], choices=VERIFICATION_MODES, metavar="MODE",
@@ -391,9 +307,7 @@ def main(argv=None) -> dict:
               "identical_to_ar": identical_to_ar, "requests": sum(len(ps) for ps in workloads.values()),
               "random_drafter_size": size if args.random_drafters else None,
               **first, "hf_generate": hf, "by_verification": by_mode}
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-        print(f"report written to {args.out}")
+    write_report(args.out, report)
     return report
 
 

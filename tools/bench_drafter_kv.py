@@ -19,17 +19,14 @@ Every request's context is --contexts long; the forward attends the loop's span 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dmtp.bench.args import add_machine_args, write_report
 from dmtp.drafters.dflash import CachedContext, DFlashConfig, DFlashDrafter  # noqa: E402
 from dmtp.models.qwen3 import KVCache  # noqa: E402
 
@@ -105,11 +102,8 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    ap.add_argument("--device", default="cpu")
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--out", default=None)
+    add_machine_args(ap, device="cpu", dtype="float32", threads=0)
     args = ap.parse_args(argv)
     if args.heads % args.kv_heads:
         ap.error(f"--heads ({args.heads}) must be a multiple of --kv-heads ({args.kv_heads})")
@@ -135,8 +129,7 @@ def main(argv=None) -> list[dict]:
                   f"{mb['cached_alloc_bytes']:.1f} | x{r['concat_alloc_bytes'] / r['cached_alloc_bytes']:.1f} | "
                   f"{r['concat_ms']:.2f} | {r['cached_ms']:.2f} | x{r['concat_ms'] / r['cached_ms']:.2f} | "
                   f"{r['max_abs_diff']:.1e} |", flush=True)
-    if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
+    write_report(args.out, rows)
     return rows
 
 

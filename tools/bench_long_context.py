@@ -20,41 +20,24 @@ tau that costs is tools/window_tau.py's).
 from __future__ import annotations
 
 import argparse
-import copy
-import json
 import statistics
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from dmtp.bench.args import add_machine_args, write_report
 from dmtp.threads import apply_threads, claim_process  # noqa: E402
 
 claim_process()   # before torch loads: OpenMP's idle threads sleep
 
 import torch  # noqa: E402
 
-from bench_decode import (add_random_drafter_size_args, random_drafter, random_drafter_mask_id,  # noqa: E402
-                          random_drafter_size)
+from dmtp.bench.random_drafters import (add_random_drafter_size_args, random_drafter, random_drafter_mask_id,
+                                        random_drafter_size, windowed)
 from dmtp.decode import SamplingConfig  # noqa: E402
-from dmtp.decode.stage_timer import StageTimer  # noqa: E402
-from dmtp.drafters.dflash import SLIDING  # noqa: E402
+from dmtp.decode.execution.stage_timer import StageTimer  # noqa: E402
 from dmtp.inference.setup import (build_decoder, load_drafter, load_mtp, load_target, placement,  # noqa: E402
                                   target_config)
 from dmtp.reports.tables import format_table  # noqa: E402
-
-
-def windowed(drafter, window: int):
-    """A copy of `drafter` (same weights) whose every layer is a sliding-window layer of `window`, its block
-    attention as before (bidirectional unless the drafter was causal)."""
-    out = copy.deepcopy(drafter)
-    c = out.backbone.config
-    causal = [c.is_causal_for(i) for i in range(c.num_hidden_layers)]
-    c.layer_types = [SLIDING] * c.num_hidden_layers
-    c.sliding_window = window
-    c.is_causal = causal[0] if len(set(causal)) == 1 else None
-    return out
 
 
 @torch.no_grad()
@@ -93,11 +76,8 @@ def main(argv=None) -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--reps", type=int, default=1, help="passes over every context and method, interleaved")
     ap.add_argument("--no-ar", action="store_true", help="leave target-only AR out")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--dtype", default="auto")
     ap.add_argument("--cuda-graphs", action="store_true")
-    ap.add_argument("--threads", default="auto")
-    ap.add_argument("--out", help="JSON report")
+    add_machine_args(ap)
     args = ap.parse_args(argv)
     if args.window is not None and args.window < 1:
         ap.error(f"--window must be >= 1, got {args.window}")
@@ -146,9 +126,7 @@ def main(argv=None) -> None:
     rows.sort(key=lambda r: (r["batch"], r["method"], r["context"]))
     print(format_table(rows, ["batch", "context", "method", "round ms", "verify ms", "drafter ms", "mtp ms"],
                        title="a round's cost against context (drafter: draft + context append; mtp: chain + catch-up)"))
-    if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=1))
-        print(f"report written to {args.out}")
+    write_report(args.out, rows)
 
 
 if __name__ == "__main__":

@@ -23,20 +23,19 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_decode import add_random_drafter_size_args, hf_generate, random_drafter_size  # noqa: E402
+from dmtp.bench.args import add_machine_args, write_report
+from dmtp.bench.random_drafters import add_random_drafter_size_args, random_drafter_size
+from dmtp.bench.hf_baseline import hf_generate
 from dmtp.decode import SamplingConfig, SpecDecoder  # noqa: E402
-from dmtp.inference.drafters import find_latest_drafter  # noqa: E402
-from dmtp.inference.prompt_sets import embedded_prompts  # noqa: E402
+from dmtp.inference.drafter_choice import find_latest_drafter  # noqa: E402
+from dmtp.inference.prompt_choice import embedded_prompts  # noqa: E402
 from dmtp.inference.setup import (build_decoder, load_drafter, load_mtp, load_target, placement,  # noqa: E402
                                   target_config)
 
@@ -80,7 +79,7 @@ def write_random_drafter(target, tok, size: dict | None = None) -> str:
     """An untrained raw DFlash drafter for `target` in the published layout (sized by `size`: layers, taps,
     block; see bench_decode.RANDOM_DRAFTER_PRESETS), in a temporary directory (removed at exit), so that
     the comparison runs where no drafter was trained (a bare GPU machine)."""
-    from bench_decode import random_drafter, random_drafter_mask_id
+    from dmtp.bench.random_drafters import random_drafter, random_drafter_mask_id
 
     drafter, _ = random_drafter(target, "raw_dflash", random_drafter_mask_id(tok, target), "cpu", torch.float32,
                                 size=size)
@@ -139,14 +138,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions (medians reported)")
     ap.add_argument("--compile", action="store_true", help="also our compiled loop (torch.compile of the stages)")
     ap.add_argument("--cuda-graphs", action="store_true", help="also our loop with CUDA graphs (--device cuda)")
-    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                    help="both loops' dtype (float32: exact greedy identity; bfloat16: real-size targets, where "
-                         "near-ties may flip between the loops' different kernels)")
     add_random_drafter_size_args(ap)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None, help="write the JSON report here")
+    add_machine_args(ap, device="cpu", dtype="float32", threads=0, seed=True,
+                     dtype_help="both loops' dtype (float32: exact greedy identity; bfloat16: real-size targets, "
+                                "where near-ties may flip between the loops' different kernels)")
     args = ap.parse_args(argv)
 
     if args.threads:
@@ -244,9 +239,7 @@ def main(argv=None) -> dict:
               + ", ".join(f"{k} {v}/{len(prompts)}" for k, v in same.items()))
     if args.compile:
         print("\ncompile time (s, warm-up, not in tok/s): " + ", ".join(f"{k} {v:.1f}" for k, v in compile_s.items()))
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-        print(f"report written to {args.out}")
+    write_report(args.out, report)
     return report
 
 

@@ -14,7 +14,7 @@ import time
 import torch
 
 from dmtp.injection import VARIANTS
-from dmtp.training.job import build_components
+from dmtp.training.components import build_components
 from dmtp.configs import compose_train
 
 

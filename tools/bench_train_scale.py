@@ -19,7 +19,6 @@ matrix 2 FLOP per parameter per row, attention 2 * heads * head_dim per (query, 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -30,6 +29,7 @@ import torch
 
 import dmtp.drafters.dflash as dflash
 import dmtp.training.module as module_file
+from dmtp.bench.args import write_report
 from dmtp.configs import compose_train
 from dmtp.training.job import train
 
@@ -323,9 +323,8 @@ def main() -> None:
     for r in results:
         if r["profile"]:
             print(f"\nwhere the step's time goes, {r['injection']} ({args.profile_steps} steps, top kernels):\n{r['profile']}")
-    if args.out:
-        Path(args.out).write_text(json.dumps({"device": device, "args": vars(args),
-                                              "block_group_rows": dflash.BLOCK_GROUP_ROWS, "results": results}, indent=1))
+    write_report(args.out, {"device": device, "args": vars(args), "block_group_rows": dflash.BLOCK_GROUP_ROWS,
+                            "results": results})
 
 
 if __name__ == "__main__":

@@ -20,26 +20,23 @@ block's. Greedy, the embedded held-out prompts of every domain (as dmtp.infer), 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from dmtp.bench.args import add_machine_args, write_report
 from dmtp.threads import apply_threads, claim_process  # noqa: E402
 
 claim_process()   # before torch loads: OpenMP's idle threads sleep
 
 import torch  # noqa: E402
 
-from bench_decode import (add_random_drafter_size_args, random_drafter_mask_id, random_drafter_size)  # noqa: E402
+from dmtp.bench.random_drafters import add_random_drafter_size_args, random_drafter_mask_id, random_drafter_size
 from dmtp.decode import SamplingConfig  # noqa: E402
-from dmtp.decode.verify_length import VerifyLengthPolicy  # noqa: E402
+from dmtp.decode.verify_length.policy import VerifyLengthPolicy  # noqa: E402
 from dmtp.drafters.block_drafter import fresh_drafter_for  # noqa: E402
-from dmtp.inference.prompt_sets import embedded_prompts  # noqa: E402
+from dmtp.inference.prompt_choice import embedded_prompts  # noqa: E402
 from dmtp.inference.setup import (build_decoder, load_drafter, load_mtp, load_target, placement,  # noqa: E402
                                   target_config)
 from dmtp.reports.tables import format_table  # noqa: E402
@@ -78,14 +75,11 @@ def main(argv=None) -> None:
     ap.add_argument("--num-prompts", type=int, default=8, help="per domain (code, prose, math)")
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--dtype", default="auto")
     ap.add_argument("--cuda-graphs", action="store_true")
-    ap.add_argument("--threads", default="auto")
     ap.add_argument("--tables-only", action="store_true", help="measure the cost tables only (no decoding runs)")
     ap.add_argument("--what-if", nargs="+", type=float, default=None, metavar="S",
                     help="predicted survival of candidates 1..K: the L each measured table gives it")
-    ap.add_argument("--out", help="JSON report")
+    add_machine_args(ap)
     args = ap.parse_args(argv)
     if not args.drafter and not args.mtp415 and not args.random_dspark:
         ap.error("give --drafter, --mtp415 or --random-dspark")
@@ -189,9 +183,7 @@ def main(argv=None) -> None:
     if args.what_if:
         cols += ["what-if L", "vs full", "vs off"]
     print(format_table(trows, cols, title="cost tables T(L) measured per batch (fastest round, ms; CPU time on a CPU)"))
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1, default=str))
-        print(f"report written to {args.out}")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

@@ -16,25 +16,22 @@ are submitted at once: continuous batching up to the cap); dmtp's is the loop's 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import sys
 import time
-from pathlib import Path
 
 for _key, _value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
                      "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}.items():
     os.environ.setdefault(_key, _value)   # read by vLLM when it is imported
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from dmtp.bench.args import write_report
 from dmtp.data.prompts import held_out_prompts  # noqa: E402
 from dmtp.decode.sampling import SamplingConfig  # noqa: E402
-from dmtp.engines.base import DecoderRequest  # noqa: E402
-from dmtp.engines.catalogue import engine_named  # noqa: E402
+from dmtp.serving.base import DecoderRequest  # noqa: E402
+from dmtp.serving.catalogue import engine_named  # noqa: E402
 from dmtp.inference.setup import load_drafter, load_mtp, load_target, placement, target_config  # noqa: E402
 from dmtp.inference.workloads import decode_workloads  # noqa: E402
 from dmtp.reports.tables import format_table  # noqa: E402
@@ -112,8 +109,7 @@ def main(argv=None) -> None:
     print(format_table(rows, ["batch", "engine", "method", "tau", "tok/s", "x AR", "x first", "= AR"],
                        title=f"dmtp's loop vs vLLM ({len(prompts)} prompts x {args.max_new_tokens} new tokens, greedy, "
                              f"CPU fp32; x first = tok/s over the first drafter, {first})"))
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

@@ -12,15 +12,15 @@ rows is the `verified` column (candidates per round), not tok/s here.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
+from dmtp.bench.args import write_report
 from dmtp.threads import apply_threads, claim_process
 
 claim_process()   # before torch loads: OpenMP's idle threads sleep
 
 from dmtp.decode import SamplingConfig  # noqa: E402
-from dmtp.inference.prompt_sets import embedded_prompts  # noqa: E402
+from dmtp.inference.prompt_choice import embedded_prompts  # noqa: E402
 from dmtp.inference.setup import build_decoder, load_drafter, load_mtp, load_target, placement, target_config  # noqa: E402
 from dmtp.inference.workloads import decode_workloads  # noqa: E402
 from dmtp.reports.tables import format_table  # noqa: E402
@@ -62,8 +62,7 @@ def main(argv=None) -> None:
                              "tok/s": s["tokens_per_s"], "vs_ar": s["tokens_per_s"] / ar})
     print(format_table(rows, ["batch", "threshold", "method", "tau", "verified", "tok/s", "vs_ar"],
                        title="confidence-scheduled verification (greedy, all domains together)"))
-    if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=1))
+    write_report(args.out, rows)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,9 @@ start after rejections, where tokens are harder (a drafter's per-round T1 is low
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
+from dmtp.bench.args import write_report
 from dmtp.threads import apply_threads, claim_process
 
 claim_process()   # before torch loads: OpenMP's idle threads sleep
@@ -23,7 +23,7 @@ import torch  # noqa: E402
 
 from dmtp.decode import SamplingConfig  # noqa: E402
 from dmtp.drafters.block_drafter import load_block_drafter  # noqa: E402
-from dmtp.inference.prompt_sets import embedded_prompts  # noqa: E402
+from dmtp.inference.prompt_choice import embedded_prompts  # noqa: E402
 from dmtp.inference.setup import build_decoder, load_mtp, load_target, placement, target_config  # noqa: E402
 from dmtp.reports.tables import format_table  # noqa: E402
 
@@ -78,8 +78,7 @@ def main(argv=None) -> dict:
             rows.append({"domain": domain, "proposer": name, **stats})
     print(format_table(rows, list(rows[0]), title="the MTP's proposals against the target on held-out continuations "
                                                   "(agree: greedy top-1; overlap@T: sum min(p_T, q_T))"))
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2))
+    write_report(args.out, report)
     return report
 
 

@@ -21,18 +21,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import json
 import statistics
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_decode import (add_random_drafter_size_args, random_drafter, random_drafter_mask_id,  # noqa: E402
-                          random_drafter_size)
+from dmtp.bench.args import add_machine_args, write_report
+from dmtp.bench.random_drafters import (add_random_drafter_size_args, random_drafter, random_drafter_mask_id,
+                                        random_drafter_size)
 from dmtp.inference.setup import build_decoder, load_mtp, load_target, placement, target_config  # noqa: E402
 from dmtp.models.qwen3 import GQA_MODES, gqa_mode, set_gqa_mode  # noqa: E402
 
@@ -190,12 +186,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--kernels", type=int, default=25, help="top kernels to list (0: no kernel profile)")
     ap.add_argument("--kernel-rounds", type=int, default=8, help="rounds profiled per method")
     ap.add_argument("--bandwidth-tbs", type=float, default=4.8, help="memory bandwidth for the floor (H200: 4.8)")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--dtype", default="auto")
     ap.add_argument("--no-cuda-graphs", action="store_true")
-    ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None, help="write the JSON report here")
+    add_machine_args(ap, threads=0, seed=True)
     args = ap.parse_args(argv)
     methods = [m for m in args.methods.split(",") if m]
     if not methods:
@@ -306,9 +298,7 @@ def main(argv=None) -> dict:
               "random_drafter_size": size, "bandwidth_tbs": args.bandwidth_tbs, "weight_bytes": wb,
               "floor_ms": {k: floor_ms(v, args.bandwidth_tbs) for k, v in wb.items()}, "rows": rows,
               "kernels": kernels, "note": "random weights: acceptance means nothing, timings are real"}
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-        print(f"report written to {args.out}")
+    write_report(args.out, report)
     return report
 
 

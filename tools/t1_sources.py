@@ -13,9 +13,8 @@ before the DMTP block is drafted, i.e. the raw drafter's forward in every round 
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
+from dmtp.bench.args import write_report
 from dmtp.threads import apply_threads, claim_process
 
 claim_process()   # before torch loads: OpenMP's idle threads sleep
@@ -24,7 +23,7 @@ import torch  # noqa: E402
 
 from dmtp.decode import SamplingConfig  # noqa: E402
 from dmtp.drafters.block_drafter import load_block_drafter  # noqa: E402
-from dmtp.inference.prompt_sets import embedded_prompts  # noqa: E402
+from dmtp.inference.prompt_choice import embedded_prompts  # noqa: E402
 from dmtp.inference.setup import build_decoder, load_mtp, load_target, placement, target_config  # noqa: E402
 from dmtp.reports.tables import format_table  # noqa: E402
 from dmtp.training.blocks import draft_blocks, teacher_features  # noqa: E402
@@ -91,8 +90,7 @@ def main(argv=None) -> dict:
     print(format_table(rows, list(rows[0]), title=f"T1 right (the target's greedy token) at every continuation position: "
                                                   f"dmtp = {dmtp.method_name}'s MTP, block = {block.method_name}'s first "
                                                   "slot, oracle = either, by_confidence = the more confident one"))
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2))
+    write_report(args.out, report)
     return report
 
 

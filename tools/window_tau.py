@@ -12,20 +12,17 @@ every output checked against target-only AR; tau per verify round per domain and
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from dmtp.bench.args import write_report
 from dmtp.threads import apply_threads, claim_process  # noqa: E402
 
 claim_process()
 
-from bench_long_context import windowed  # noqa: E402
+from dmtp.bench.random_drafters import windowed
 from dmtp.decode import SamplingConfig  # noqa: E402
-from dmtp.inference.prompt_sets import embedded_prompts  # noqa: E402
+from dmtp.inference.prompt_choice import embedded_prompts  # noqa: E402
 from dmtp.inference.setup import (build_decoder, load_drafter, load_mtp, load_target, placement,  # noqa: E402
                                   target_config)
 from dmtp.inference.workloads import add_comparisons, decode_workloads  # noqa: E402
@@ -77,9 +74,7 @@ def main(argv=None) -> None:
         rows.append(row)
     print(format_table(rows, ["drafter", "code", "prose", "math", "all", "matches AR"],
                        title=f"tau per verify, {args.prompt_tokens}-token prompts, {args.max_new_tokens} new tokens"))
-    if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=1))
-        print(f"report written to {args.out}")
+    write_report(args.out, rows)
 
 
 if __name__ == "__main__":

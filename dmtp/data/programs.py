@@ -378,6 +378,12 @@ def _number_task(rng: random.Random) -> Task:
     n = rng.choice(["n", "number", "value", "x"])
     which = rng.choice(["factorial", "fibonacci", "is_prime", "gcd", "digits_sum", "sum_to", "is_even", "sign",
                         "clamp", "power", "count_digits", "reverse_number", "squares", "divisors", "collatz"])
+    if which in ("factorial", "fibonacci", "is_prime", "gcd", "digits_sum"):
+        return _number_loop_task(rng, n, which)
+    return _number_rule_task(n, which)
+
+
+def _number_loop_task(rng: random.Random, n: str, which: str) -> Task:
     if which == "factorial":
         doc = f"Return {n} factorial, computed with a loop."
         body = ["result = 1", f"for i in range(2, {n} + 1):", "    result *= i", "return result"]
@@ -402,6 +408,10 @@ def _number_task(rng: random.Random) -> Task:
         body = ["total = 0", f"{n} = abs({n})", f"while {n} > 0:", f"    total += {n} % 10", f"    {n} //= 10",
                 "return total"]
         return Task(_stub("digits_sum", [(n, "int")], "int", doc), _indent(body))
+    raise ValueError(f"not a looping number task: {which}")
+
+
+def _number_rule_task(n: str, which: str) -> Task:
     if which == "sum_to":
         doc = f"Return the sum of the whole numbers from 1 to {n}."
         body = ["total = 0", f"for i in range(1, {n} + 1):", "    total += i", "return total"]
@@ -445,6 +455,12 @@ def _list_task(rng: random.Random) -> Task:
     param = rng.choice(["items", "values", "elements", "data"])
     which = rng.choice(["reverse", "dedupe", "flatten", "chunks", "pairs", "rotate", "last", "running", "zip_sum",
                         "interleave", "count_value", "contains", "sort_desc", "window_sums"])
+    if which in ("reverse", "dedupe", "flatten", "chunks", "pairs", "rotate", "last"):
+        return _list_shape_task(param, which)
+    return _list_scan_task(param, which)
+
+
+def _list_shape_task(param: str, which: str) -> Task:
     if which == "reverse":
         doc = f"Return a new list with the elements of {param} in reverse order."
         return Task(_stub("reversed_list", [(param, "list")], "list", doc), _indent([f"return {param}[::-1]"]))
@@ -473,6 +489,10 @@ def _list_task(rng: random.Random) -> Task:
         doc = f"Return the last element of {param}, or None if it is empty."
         body = [f"if not {param}:", "    return None", f"return {param}[-1]"]
         return Task(_stub("last_element", [(param, "list")], "int", doc), _indent(body))
+    raise ValueError(f"not a list-shaping task: {which}")
+
+
+def _list_scan_task(param: str, which: str) -> Task:
     if which == "running":
         doc = f"Return the list of running totals of {param}."
         body = ["totals = []", "total = 0", f"for value in {param}:", "    total += value", "    totals.append(total)",

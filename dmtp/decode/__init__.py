@@ -1,8 +1,7 @@
 """Decoding: target runtimes, proposers, the one speculative loop, CUDA graphs, verification, metrics.
 
-The names below load on first use (PEP 562): the target families build their runners on
-`dmtp.decode.runners`, and the loop picks a runner from the families' catalogue, so importing this package
-must not import the loop before the families have loaded."""
+The names below load on first use (PEP 562), so that a module needing one piece (the target families
+import only `dmtp.decode.runners`, the serving adapters only `sampling`) does not load the whole loop."""
 from importlib import import_module
 
 _EXPORTS = {"SpecDecoder": "loop", "SamplingConfig": "sampling", "DecodeResult": "loop", "build_proposer": "loop",

@@ -12,7 +12,7 @@ Per round, for a batch of requests that each advance by their own accepted lengt
    the target's hidden states, drafter context append).
 
 Every stage reads and writes preallocated device buffers and takes no host values, so the same
-functions run eagerly on CPU and replay as CUDA graphs on GPU (`dmtp.decode.graphs`). The only host
+functions run eagerly on CPU and replay as CUDA graphs on GPU (`dmtp.decode.execution.graphs`). The only host
 sync is the `done` poll every `poll_every` rounds (with graphs it also reads the longest length, which
 picks the span bucket: captured rounds attend the first `span` cache slots, see `graph_span_step`).
 
@@ -36,17 +36,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dmtp.decode.length_costs import measure_round_costs
+from dmtp.decode.verify_length.costs import measure_round_costs
 from dmtp.decode.metrics import AcceptanceRecorder, throughput
 from dmtp.decode.proposers import (ARProposer, DrafterProposer, MTPChainProposer, Proposer)
 from dmtp.decode.runners import TargetRunner
 from dmtp.decode.sampling import SamplingConfig
 from dmtp.decode.stage import Stage, present, restore, snapshot
 from dmtp.decode.state import DecodeState, ProposerReads, StateSize, TargetWidths
-from dmtp.decode.stage_timer import StageTimer
+from dmtp.decode.execution.stage_timer import StageTimer
 from dmtp.decode.verify import (accept_block_verification, accept_rejection_sampling, accept_target_only,
                                 probs_from_logits, sample_tokens)
-from dmtp.decode.verify_length import VerifyLengthPolicy
+from dmtp.decode.verify_length.policy import VerifyLengthPolicy
 from dmtp.models.block_size import BLOCK_SIZE_RANGE
 
 # The device-side acceptance rule of each mode that verifies drafts sampled from the proposers' q.
@@ -113,6 +113,41 @@ def _round_up(x: int, m: int) -> int:
 
 # The eager loop attends over the live span of the static caches, rounded up to this many slots.
 SPAN_STEP = 32
+
+
+@dataclass
+class _Gathered:
+    """What `generate` gathers per request across its static batches."""
+    tokens: list[list[int]]
+    accepted: list[list[int]]
+    accepted_raw: list[list[int]]
+    verify_lengths: list[list[int]]
+    ttft: list[float]
+    verified: int = 0
+    prefill_s: float = 0.0
+    batches: int = 0
+
+    @classmethod
+    def for_requests(cls, n: int) -> "_Gathered":
+        return cls([[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)],
+                   [[] for _ in range(n)], [0.0] * n)
+
+
+def _sampling_of(sampling: SamplingConfig | None, sampling_kwargs: dict) -> SamplingConfig:
+    if sampling is None:
+        return SamplingConfig(**sampling_kwargs)
+    if sampling_kwargs:
+        raise ValueError("pass either sampling= or sampling keyword arguments, not both")
+    return sampling
+
+
+def _checked_prompts(prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
+    if max_new_tokens < 1:
+        raise ValueError("max_new_tokens must be >= 1")
+    prompts = [list(map(int, p)) for p in prompts]
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("empty prompt")
+    return prompts
 
 
 class SpecDecoder:
@@ -199,7 +234,7 @@ class SpecDecoder:
         return bool(self.proposer.predicts_confidence)
 
     def info(self) -> dict:
-        """How it decodes, for metrics.json's run record (dmtp.engines.base.Decoder)."""
+        """How it decodes, for metrics.json's run record (dmtp.serving.base.Decoder)."""
         return {"runner": self.runner.kind, "attention": getattr(self.runner, "attention", None),
                 "cuda_graphs": self.use_graphs, "compiled": self.compiled, "compile_s": self.compile_s}
 
@@ -365,84 +400,80 @@ class SpecDecoder:
 
         Output per request: up to `max_new_tokens` tokens (the prefill's token included), ending at the
         first EOS. Greedy output equals the target's own greedy decoding token for token."""
-        if sampling is None:
-            sampling = SamplingConfig(**sampling_kwargs)
-        elif sampling_kwargs:
-            raise ValueError("pass either sampling= or sampling keyword arguments, not both")
-        if max_new_tokens < 1:
-            raise ValueError("max_new_tokens must be >= 1")
-        prompts = [list(map(int, p)) for p in prompts]
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("empty prompt")
-        n_req = len(prompts)
-        tokens: list[list[int]] = [[] for _ in range(n_req)]
-        accepted: list[list[int]] = [[] for _ in range(n_req)]
-        accepted_raw: list[list[int]] = [[] for _ in range(n_req)]
-        ttft = [0.0] * n_req
-        lengths_per_request: list[list[int]] = [[] for _ in range(n_req)]
-        verified = 0
+        sampling = _sampling_of(sampling, sampling_kwargs)
+        prompts = _checked_prompts(prompts, max_new_tokens)
+        out = _Gathered.for_requests(len(prompts))
         timer = self._make_timer()
-        cpu_gen = None
-        if self.device.type == "cuda":
-            torch.cuda.manual_seed(seed)  # graphs replay the default CUDA generator
-        else:
-            # One generator per decoder, reseeded per call: compiled stages keep reading the same object.
-            if self._generator is None:
-                self._generator = torch.Generator(device=self.device)
-            cpu_gen = self._generator.manual_seed(seed)
-        bar = _progress(n_req, f"decode {self.proposer.name}", progress)
+        generator = self._seeded_generator(seed)
+        bar = _progress(len(prompts), f"decode {self.proposer.name}", progress)
         compile_before, tables_before = self.compile_s, self.cost_table_s
         self._sync()
         t_start = time.perf_counter()
-        prefill_s = 0.0
-        batches = 0
-        for start in range(0, n_req, batch_size):
-            ids = list(range(start, min(n_req, start + batch_size)))
-            chunk = [prompts[i] for i in ids]
-            t_batch = time.perf_counter()
-            # Graphs / compiled: one bucket for every chunk (a short last chunk gets padding rows) so
-            # that the captured graphs are reused; eager: exactly the chunk's size.
-            rows = self._bucket(batch_size) if self.fixed_shapes else len(chunk)
-            st = self._ensure_state(rows, max(map(len, chunk)) + max_new_tokens + 6 * (self.num_candidates + 1) + 2,
-                                    max_new_tokens, sampling)
-            st.generator = cpu_gen
-            st.request_ids = ids + [ids[0]] * (st.batch - len(ids))
-            self._prefill(st, chunk, max_new_tokens)
-            self._sync()
-            t_first = time.perf_counter() - t_batch
-            prefill_s += t_first
-            for i in ids:
-                ttft[i] = t_first
-            round_lengths = self._decode_rounds(st, max_new_tokens, timer)
-            out_len = st.out_len.cpu().tolist()
-            out_tok = st.out_tokens.cpu()
-            n_rounds = min(int(st.round_idx.item()), st.rounds_cap)
-            acc_log = st.acc_log[:n_rounds].cpu().T.tolist()
-            raw_log = st.raw_log[:n_rounds].cpu().T.tolist()
-            for row, i in enumerate(ids):
-                tokens[i] = out_tok[row, :out_len[row]].tolist()
-                accepted[i] = [a for a in acc_log[row] if a >= 0]
-                accepted_raw[i] = [a for a in raw_log[row] if a >= 0]
-                lengths_per_request[i] = [n for n, a in zip(round_lengths, raw_log[row]) if a >= 0]
-            verified += int(st.verified[:len(ids)].sum())
-            batches += 1
+        for start in range(0, len(prompts), batch_size):
+            ids = list(range(start, min(len(prompts), start + batch_size)))
+            self._decode_batch(prompts, ids, max_new_tokens, sampling, batch_size, generator, timer, out)
             bar.update(len(ids))
         self._sync()
         compile_s = self.compile_s - compile_before   # compiling is not decoding: reported apart
         table_s = self.cost_table_s - tables_before   # nor is measuring verify_length=auto's cost tables
         wall = time.perf_counter() - t_start - compile_s - table_s
         bar.close()
-        return DecodeResult(self.proposer.name, self.num_candidates, tokens, accepted, accepted_raw,
-                            [len(p) for p in prompts], wall, prefill_s, ttft,
+        return self._result(out, prompts, sampling, wall, compile_s, table_s, timer)
+
+    def _seeded_generator(self, seed: int) -> torch.Generator | None:
+        if self.device.type == "cuda":
+            torch.cuda.manual_seed(seed)  # graphs replay the default CUDA generator
+            return None
+        # One generator per decoder, reseeded per call: compiled stages keep reading the same object.
+        if self._generator is None:
+            self._generator = torch.Generator(device=self.device)
+        return self._generator.manual_seed(seed)
+
+    def _decode_batch(self, prompts: list[list[int]], ids: list[int], max_new_tokens: int,
+                      sampling: SamplingConfig, batch_size: int, generator: torch.Generator | None,
+                      timer: StageTimer | None, out: "_Gathered") -> None:
+        """Prefill one static batch, run its rounds to the end, and gather each request's outputs."""
+        chunk = [prompts[i] for i in ids]
+        t_batch = time.perf_counter()
+        # Graphs / compiled: one bucket for every chunk (a short last chunk gets padding rows) so
+        # that the captured graphs are reused; eager: exactly the chunk's size.
+        rows = self._bucket(batch_size) if self.fixed_shapes else len(chunk)
+        st = self._ensure_state(rows, max(map(len, chunk)) + max_new_tokens + 6 * (self.num_candidates + 1) + 2,
+                                max_new_tokens, sampling)
+        st.generator = generator
+        st.request_ids = ids + [ids[0]] * (st.batch - len(ids))
+        self._prefill(st, chunk, max_new_tokens)
+        self._sync()
+        t_first = time.perf_counter() - t_batch
+        out.prefill_s += t_first
+        round_lengths = self._decode_rounds(st, max_new_tokens, timer)
+        out_len = st.out_len.cpu().tolist()
+        out_tok = st.out_tokens.cpu()
+        n_rounds = min(int(st.round_idx.item()), st.rounds_cap)
+        acc_log = st.acc_log[:n_rounds].cpu().T.tolist()
+        raw_log = st.raw_log[:n_rounds].cpu().T.tolist()
+        for row, i in enumerate(ids):
+            out.ttft[i] = t_first
+            out.tokens[i] = out_tok[row, :out_len[row]].tolist()
+            out.accepted[i] = [a for a in acc_log[row] if a >= 0]
+            out.accepted_raw[i] = [a for a in raw_log[row] if a >= 0]
+            out.verify_lengths[i] = [n for n, a in zip(round_lengths, raw_log[row]) if a >= 0]
+        out.verified += int(st.verified[:len(ids)].sum())
+        out.batches += 1
+
+    def _result(self, out: "_Gathered", prompts: list[list[int]], sampling: SamplingConfig, wall: float,
+                compile_s: float, table_s: float, timer: StageTimer | None) -> DecodeResult:
+        extra = {"runner": self.runner.kind, "cuda_graphs": self.use_graphs,
+                 "compiled": self.compiled and sampling.greedy, "compile_s": compile_s,
+                 "attention": getattr(self.runner, "attention", "hf"),
+                 # candidates verified per round (K without confidence scheduling)
+                 "verified_per_round": out.verified / max(1, sum(map(len, out.accepted_raw))),
+                 **_length_summary(out.verify_lengths, sampling, table_s)}
+        return DecodeResult(self.proposer.name, self.num_candidates, out.tokens, out.accepted, out.accepted_raw,
+                            [len(p) for p in prompts], wall, out.prefill_s, out.ttft,
                             timer.ms_per_round() if timer is not None else {},
-                            timer.counted_rounds if timer is not None else 0, batches, sampling,
-                            extra={"runner": self.runner.kind, "cuda_graphs": self.use_graphs,
-                                   "compiled": self.compiled and sampling.greedy, "compile_s": compile_s,
-                                   "attention": getattr(self.runner, "attention", "hf"),
-                                   # candidates verified per round (K without confidence scheduling)
-                                   "verified_per_round": verified / max(1, sum(map(len, accepted_raw))),
-                                   **_length_summary(lengths_per_request, sampling, table_s)},
-                            verify_lengths=lengths_per_request)
+                            timer.counted_rounds if timer is not None else 0, out.batches, sampling,
+                            extra=extra, verify_lengths=out.verify_lengths)
 
     # -- rounds ---------------------------------------------------------------------------------------
     def _make_timer(self) -> StageTimer | None:
@@ -584,10 +615,10 @@ class SpecDecoder:
         stages = self.stages(st, length)
         reset = self._state_reset(st, stages)
         if self.use_graphs:
-            from dmtp.decode.graphs import RoundGraphs
+            from dmtp.decode.execution.graphs import RoundGraphs
 
             return RoundGraphs(stages, granularity=self.graph_granularity).capture(reset=reset)
-        from dmtp.decode.compiled import CompiledRound
+        from dmtp.decode.execution.compiled import CompiledRound
 
         # One program for the whole round, never one per stage: with stages compiled one by one, inductor
         # lost acceptance across the stage boundaries (the drafts degraded, the tokens stayed exact), a

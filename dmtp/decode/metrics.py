@@ -1,4 +1,4 @@
-"""Decoding statistics (SPEC §6): acceptance and throughput (per-stage timing: dmtp.decode.stage_timer;
+"""Decoding statistics (SPEC §6): acceptance and throughput (per-stage timing: dmtp.decode.execution.stage_timer;
 tables: dmtp.reports.tables).
 
 Acceptance length of a round = 1 + accepted candidates (the correction/bonus token is

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 VERIFICATION_MODES = ("target_only", "rejection", "block")
 # How many candidates a round verifies: all of them, one length per batch chosen from measured costs
-# (dmtp/decode/verify_length.py), or a fixed number (0 = no drafts verified: the target alone).
+# (dmtp/decode/verify_length/policy.py), or a fixed number (0 = no drafts verified: the target alone).
 VERIFY_LENGTHS = ("full", "auto")
 # The modes that verify drafts sampled from the proposers' q (the loop holds each one's acceptance rule).
 DRAFT_PROB_MODES = ("rejection", "block")

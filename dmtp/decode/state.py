@@ -10,7 +10,7 @@ import torch
 
 from dmtp.decode.runners import TargetRunner
 from dmtp.decode.sampling import SamplingConfig
-from dmtp.decode.length_stats import LengthStats
+from dmtp.decode.verify_length.stats import LengthStats
 
 
 @dataclass(frozen=True)

@@ -193,33 +193,35 @@ def accept_rejection_sampling(
     q = draft_probs.float()
     p_draft = p[:, :k]
     idx = candidates.long().unsqueeze(-1)
-    p_c = p_draft.gather(-1, idx).squeeze(-1)  # [B, K]
-    q_c = q.gather(-1, idx).squeeze(-1)  # [B, K]
-    # min(1, p/q); a candidate the draft claims has q = 0 is accepted iff the target allows it.
-    ratio = torch.where(
-        q_c > 0,
-        (p_c / q_c.clamp_min(torch.finfo(torch.float32).tiny)).clamp_max(1.0),
-        (p_c > 0).float(),
-    )
+    ratio = _acceptance_ratio(p_draft.gather(-1, idx).squeeze(-1), q.gather(-1, idx).squeeze(-1))  # [B, K]
     coins = torch.rand(ratio.shape, dtype=torch.float32, device=ratio.device, generator=generator)
     ok = coins < ratio  # coin in [0, 1): ratio 1 always accepts, ratio 0 never does
     if limit is not None:
         ok = ok & _verified(limit, k)
     accepted = ok.long().cumprod(dim=1).sum(dim=1)  # [B]
-
-    # Residual distributions for a rejection at 0..K-1, plus the bonus distribution p_K.
-    resid = (p_draft - q).clamp_min(0.0)
-    mass = resid.sum(dim=-1, keepdim=True)
-    resid = torch.where(mass > 0, resid / mass.clamp_min(torch.finfo(torch.float32).tiny), p_draft)
-    if limit is not None:   # past the verified prefix the block has ended: the target's own p (a bonus)
-        resid = torch.where(_verified(limit, k)[..., None], resid, p_draft)
-    dist = torch.cat([resid, p[:, k:]], dim=1)  # [B, K+1, V]
+    dist = torch.cat([_residuals(p_draft, q, limit), p[:, k:]], dim=1)  # [B, K+1, V]
     fallback = sample_from_probs(dist, generator=generator)  # [B, K+1]
 
     pos = torch.arange(k + 1, device=candidates.device).unsqueeze(0)  # [1, K+1]
     cand_ext = torch.cat([candidates.long(), fallback[:, k:]], dim=1)  # [B, K+1]
     emitted = torch.where(pos < accepted.unsqueeze(1), cand_ext, fallback)
     return emitted, accepted
+
+
+def _acceptance_ratio(p_c: Tensor, q_c: Tensor) -> Tensor:
+    """min(1, p/q) per candidate; a candidate the draft claims has q = 0 is accepted iff the target allows it."""
+    return torch.where(q_c > 0, (p_c / q_c.clamp_min(torch.finfo(torch.float32).tiny)).clamp_max(1.0),
+                       (p_c > 0).float())
+
+
+def _residuals(p_draft: Tensor, q: Tensor, limit: Tensor | None) -> Tensor:
+    """The distribution a rejection at slot i samples from: normalize(max(p_i - q_i, 0)), p_i when that is empty."""
+    resid = (p_draft - q).clamp_min(0.0)
+    mass = resid.sum(dim=-1, keepdim=True)
+    resid = torch.where(mass > 0, resid / mass.clamp_min(torch.finfo(torch.float32).tiny), p_draft)
+    if limit is not None:   # past the verified prefix the block has ended: the target's own p (a bonus)
+        resid = torch.where(_verified(limit, p_draft.shape[1])[..., None], resid, p_draft)
+    return resid
 
 
 def _running_block_weights(p_cand: Tensor, q_cand: Tensor) -> Tensor:

@@ -1,4 +1,4 @@
-"""The body of `python -m dmtp.infer`: load (target, drafter, MTP) -> the engine's decoders (dmtp.engines,
+"""The body of `python -m dmtp.infer`: load (target, drafter, MTP) -> the engine's decoders (dmtp.serving,
 `engine=` by name) -> the prompts -> decode them with every method -> print the comparison and write
 metrics.json."""
 from __future__ import annotations
@@ -14,19 +14,19 @@ from omegaconf import OmegaConf
 from dmtp.atomic_io import write_json, write_text
 from dmtp.data.corpora import corpus_of_target
 from dmtp.data.evalsets import build_turn_prompts
-from dmtp.inference.drafters import (drafter_target_mismatch, find_latest_drafter, greedy_correction_note,
+from dmtp.inference.drafter_choice import (drafter_target_mismatch, find_latest_drafter, greedy_correction_note,
                                      method_needs_mtp, no_drafter_for, target_over_preset)
 from dmtp.inference.options import decode_options, named_methods
-from dmtp.inference.prompt_sets import embedded_prompts, eval_set_prompts, fit_prompts, prompt_limit
-from dmtp.engines.base import DecoderRequest
-from dmtp.engines.catalogue import engine_named
+from dmtp.inference.prompt_choice import embedded_prompts, eval_set_prompts, fit_prompts, prompt_limit
+from dmtp.serving.base import DecoderRequest
+from dmtp.serving.catalogue import engine_named
 from dmtp.inference.setup import (LoadedDrafter, LoadedTarget, drafter_with_mtp, dtype_name, load_drafter, load_mtp,
                                   load_target, placement)
 from dmtp.inference.workloads import add_comparisons, decode_workloads
 from dmtp.models.model_card import CARD_NAME, set_card_section
 from dmtp.models.provenance import weights_digest
 from dmtp.models.mtp_errors import MTPLoadError
-from dmtp.reports.decoding import jsonable, report
+from dmtp.reports.decode_report import jsonable, report
 from dmtp.tiny.targets import default_target_dir
 
 @dataclass
@@ -120,7 +120,7 @@ def with_mtp(target: LoadedTarget, drafter: LoadedDrafter | None, methods: list[
 
 
 def build_decoders(cfg, loaded: Loaded, named: set[str]) -> dict:
-    """label -> decoder of every method, from the engine `engine=` names (dmtp.engines.catalogue)."""
+    """label -> decoder of every method, from the engine `engine=` names (dmtp.serving.catalogue)."""
     engine = engine_named(cfg.get("engine", "dmtp"))
     return engine.decoders(DecoderRequest(loaded.methods, named, loaded.target, loaded.drafter, loaded.mtp,
                                           loaded.dtype, engine.options(cfg)))

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from dmtp.atomic_io import write_json
 from dmtp.data.corpora import corpus_of_target
-from dmtp.inference.prompt_sets import embedded_prompts
+from dmtp.inference.prompt_choice import embedded_prompts
 from dmtp.inference.regime import BAND, regime_of, regime_table
 from dmtp.inference.setup import load_mtp, load_target, placement
 

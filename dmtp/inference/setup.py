@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 from dmtp.configs import CONF_DIR, instantiate
 from dmtp.families.decoding import build_decoder   # re-exported: the loader's decoders (tools, decode-after)
-from dmtp.inference.drafters import load_drafter_for, mtp_for_drafter
+from dmtp.inference.drafter_choice import load_drafter_for, mtp_for_drafter
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}

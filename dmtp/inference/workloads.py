@@ -5,7 +5,7 @@ from dataclasses import replace
 
 from dmtp.decode.loop import DecodeResult
 from dmtp.decode.sampling import SamplingConfig
-from dmtp.engines.base import Decoder
+from dmtp.serving.base import Decoder
 
 
 def decode_workloads(decoders: dict[str, Decoder], workloads: dict[str, list[list[int]]], *, max_new_tokens: int,

@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from dmtp.injection import CATALOGUE
-from dmtp.reports.decoding import is_baseline
+from dmtp.reports.decode_report import is_baseline
 from dmtp.reports.intervals import bootstrap_interval, format_interval, separated
 
 BASELINE, SINGLE_ANCHOR = "raw_dflash", "token_only"

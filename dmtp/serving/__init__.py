@@ -1,15 +1,8 @@
-"""Serving what dmtp trains through vLLM (optional: vLLM lives in its own environment, see README).
+"""Serving: every engine that decodes or regenerates behind one interface, looked up by name.
 
-vllm_engine.py            an engine built for dmtp (engine options passed through), prompts and sampling mapped
-                          to vLLM's, and its speculative-decoding counters read back
-vllm_decoder.py           `python -m dmtp.infer engine=vllm`: dmtp's methods decoded inside vLLM
-regen_vllm.py             the target writes its training data through vLLM's offline batch API
-                          (`data.regen_engine=vllm`), shard for shard what dmtp's own regeneration writes
-vllm_plugin.py            the plug-in vLLM loads in every process (entry point `vllm.general_plugins: dmtp`)
-vllm_plugin_model.py      the DMTP drafter model vLLM builds (DFlash's, plus the injection and the native MTP)
-vllm_plugin_proposer.py   DMTP's round inside vLLM: the MTP's T1 in the DFlash block
-vllm_dflash2_proposer.py  DFlash2's candidate-selector walk on vLLM's V1 runner
-vllm_refused.py           the exports the plug-in refuses by architecture (DMTP + DSpark heads), with the reason
-vllm_cpu_fixes.py         two corrections to vLLM 0.32's CPU kernels, installed by the plug-in
-mtp_slots.py              the MTP's KV cache for every live request, caught up in one forward (no vLLM import)
+base.py        the interface (`Decoder`, `Writer`) and an engine's registration (`Engine`)
+catalogue.py   the one list of engines and the lookup by name (`engine=`, `data.regen_engine=`)
+dmtp_loop.py   dmtp's own loop (dmtp.decode.SpecDecoder): every method, in this process
+vllm/          vLLM: the engine adapter, the plug-in it loads, dmtp's proposers inside it (vLLM itself is
+               imported only when an engine starts)
 """

@@ -20,7 +20,6 @@ row of lm_head is zero, so EOS never wins the argmax and random requests decode 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import shutil
 import sys
@@ -161,8 +160,6 @@ def write_random_target(shape: str, out: str | Path, *, tiny: bool = False, laye
                         shard_gb: float = 1.0, writers: int = 4, seed: int = 0, tokenizer: str | Path | None = None,
                         progress: bool = True) -> Path:
     """Write the checkpoint (see the module docstring); returns its directory."""
-    from safetensors.torch import save_file
-
     spec = SHAPES[shape] if shape in SHAPES else None
     cfg = shape_config(shape, tiny=tiny, layers=layers, overrides=overrides)
     dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
@@ -180,49 +177,23 @@ def write_random_target(shape: str, out: str | Path, *, tiny: bool = False, laye
     listed = dict(model_names) if spec.mtp_layout == "mtp_apart" else {**model_names, **mtp_names}
     shards = plan_shards(listed, wdtype, int(shard_gb * 2**30))
     files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    jobs = list(zip(files, shards))
-    if spec.mtp_layout == "mtp_apart":
-        jobs.append((MTP_APART_NAME, sorted(mtp_names)))
-    every = {**model_names, **mtp_names}
+    jobs = list(zip(files, shards)) + ([(MTP_APART_NAME, sorted(mtp_names))] if spec.mtp_layout == "mtp_apart" else [])
 
     staging = staging_directory(out)
     gen = torch.Generator(device=dev).manual_seed(seed)
-    drawn_s = 0.0
     try:
-        pending = []
-        with ThreadPoolExecutor(max_workers=max(1, writers)) as pool:
-            for i, (fname, names) in enumerate(jobs):
-                t0 = time.perf_counter()
-                tensors = {}
-                for name in names:
-                    t = draw(name, every[name][0], wdtype, dev, gen)   # in the written dtype: no fp32 copy
-                    if name.endswith(("lm_head.weight", "shared_head.head.weight")):
-                        t[eos].zero_()   # EOS never wins: random requests decode their whole budget
-                    tensors[name] = t.cpu()
-                drawn_s += time.perf_counter() - t0
-                # At most `writers` shards in host memory at once: wait for the oldest before drawing more.
-                while len(pending) >= max(1, writers):
-                    pending.pop(0).result()
-                pending.append(pool.submit(save_file, tensors, str(staging / fname), {"format": "pt"}))
-                if progress:
-                    print(f"[random_target] {fname}: {len(names)} tensors "
-                          f"({sum(t.numel() * t.element_size() for t in tensors.values()) / 2**30:.2f} GiB)", flush=True)
-            for p in pending:
-                p.result()
+        drawn_s = _draw_and_save(jobs, {**model_names, **mtp_names}, wdtype, dev, gen, eos, staging, writers, progress)
         weight_map = {name: fname for fname, names in zip(files, shards) for name in names}
         total = sum(math.prod(listed[n][0]) for n in listed) * torch.tensor([], dtype=wdtype).element_size()
         write_json(staging / INDEX_NAME, {"metadata": {"total_size": total}, "weight_map": weight_map})
         _write_config(staging, config, spec, dtype)
-        for name in TOKENIZER_FILES:
-            if (tok_dir / name).exists():
-                shutil.copy2(tok_dir / name, staging / name)
+        _copy_tokenizer(tok_dir, staging)
         params = {"model": sum(math.prod(s) for s, _ in model_names.values()),
                   "mtp": sum(math.prod(s) for s, _ in mtp_names.values())}
+        apart = params["mtp"] * torch.tensor([], dtype=wdtype).element_size() if spec.mtp_layout == "mtp_apart" else 0
         report = {"shape": shape, "tiny": tiny, "note": NOTE, "model_type": spec.model_type,
                   "mtp_layout": spec.mtp_layout, "config_overrides": {"layers": layers, **(overrides or {})},
-                  "parameters": params, "dtype": dtype, "bytes": total + (
-                      sum(math.prod(s) for s, _ in mtp_names.values()) * torch.tensor([], dtype=wdtype).element_size()
-                      if spec.mtp_layout == "mtp_apart" else 0),
+                  "parameters": params, "dtype": dtype, "bytes": total + apart,
                   "files": len(jobs), "device": str(dev), "seed": seed, "tokenizer": str(tok_dir),
                   "eos_token_id": eos, "draw_s": round(drawn_s, 1), "seconds": round(time.perf_counter() - started, 1)}
         write_json(staging / "random_target.json", report)
@@ -238,6 +209,42 @@ def write_random_target(shape: str, out: str | Path, *, tiny: bool = False, laye
               f"{params['mtp'] / 1e9:.3f}B parameters, {report['bytes'] / 1e9:.1f} GB {dtype} in {len(jobs)} files "
               f"at {out} in {report['seconds']} s (drawn on {dev}). {NOTE}.", flush=True)
     return out
+
+
+def _draw_and_save(jobs: list, every: dict, wdtype: torch.dtype, dev: torch.device, gen: torch.Generator, eos: int,
+                   staging: Path, writers: int, progress: bool) -> float:
+    """Draw each file's tensors in order (one generator: the bytes follow the seed) and save them on `writers`
+    threads; returns the seconds spent drawing."""
+    from safetensors.torch import save_file
+
+    drawn_s = 0.0
+    pending = []
+    with ThreadPoolExecutor(max_workers=max(1, writers)) as pool:
+        for fname, names in jobs:
+            t0 = time.perf_counter()
+            tensors = {}
+            for name in names:
+                t = draw(name, every[name][0], wdtype, dev, gen)   # in the written dtype: no fp32 copy
+                if name.endswith(("lm_head.weight", "shared_head.head.weight")):
+                    t[eos].zero_()   # EOS never wins: random requests decode their whole budget
+                tensors[name] = t.cpu()
+            drawn_s += time.perf_counter() - t0
+            # At most `writers` shards in host memory at once: wait for the oldest before drawing more.
+            while len(pending) >= max(1, writers):
+                pending.pop(0).result()
+            pending.append(pool.submit(save_file, tensors, str(staging / fname), {"format": "pt"}))
+            if progress:
+                print(f"[random_target] {fname}: {len(names)} tensors "
+                      f"({sum(t.numel() * t.element_size() for t in tensors.values()) / 2**30:.2f} GiB)", flush=True)
+        for p in pending:
+            p.result()
+    return drawn_s
+
+
+def _copy_tokenizer(tok_dir: Path, staging: Path) -> None:
+    for name in TOKENIZER_FILES:
+        if (tok_dir / name).exists():
+            shutil.copy2(tok_dir / name, staging / name)
 
 
 def _move_into(staging: Path, out: Path) -> None:

@@ -8,7 +8,7 @@ entry point, which checks each record and builds the `DraftDataModule` from them
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -16,8 +16,8 @@ from omegaconf import OmegaConf
 from dmtp.configs import records_from_flat
 from dmtp.data.corpora import DOMAINS
 from dmtp.data.evalsets import EVAL_SETS
-from dmtp.training.feature_spec import FeatureSpec
-from dmtp.training.regenerate import RegenSettings
+from dmtp.datagen.feature_spec import FeatureSpec
+from dmtp.datagen.regenerate import RegenSettings
 
 SOURCES = ("embedded", "files", "hf")
 
@@ -80,7 +80,7 @@ class RegenOptions:
         object.__setattr__(self, "engine_args", dict(_plain(self.engine_args) or {}))
 
     def settings(self, seed: int) -> RegenSettings:
-        """How the target writes (dmtp.training.regenerate), checked there."""
+        """How the target writes (dmtp.datagen.regenerate), checked there."""
         return RegenSettings(new_tokens=self.new_tokens, temperature=self.temperature, top_k=self.top_k,
                              top_p=self.top_p, seed=seed, batch_size=self.batch_size, engine=self.engine,
                              engine_args=self.engine_args, shard_size=self.shard_size)
@@ -110,21 +110,27 @@ class LoaderOptions:
     num_workers: int = 0
 
 
+# What the cache stores is FeatureSpec's: its fields (but the taps and the dtype, which the drafter and the target
+# give) are data.feature_<field>, with FeatureSpec's defaults.
+STORED = tuple(f.name for f in fields(FeatureSpec) if f.name not in ("layer_ids", "dtype"))
+_STORED_DEFAULT = {f.name: f.default for f in fields(FeatureSpec)}
+
+
 @dataclass(frozen=True)
 class FeatureOptions:
     """`enabled`: train from the offline feature cache of the same rows (captured by `python -m dmtp.prepare
-    step=capture`), the target's decoder never loaded. What the cache stores (dmtp.training.feature_spec):
+    step=capture`), the target's decoder never loaded. What the cache stores (dmtp.datagen.feature_spec):
     `codec` (fp32 | bf16 | fp16 | fp8 | lowrank with `rank` / `mtp_rank`), the MTP's hidden, the last hidden,
     the labels (`labels`: none | greedy | topk with `top_k`); `shard_rows` rows per shard, captured
     `batch_size` rows at a time."""
     enabled: bool = False
-    codec: str = "bf16"
-    rank: int | None = None
-    mtp_rank: int | None = None
-    mtp_hidden: bool = True
-    last_hidden: bool = False
-    labels: str = "greedy"
-    top_k: int = 32
+    codec: str = _STORED_DEFAULT["codec"]
+    rank: int | None = _STORED_DEFAULT["rank"]
+    mtp_rank: int | None = _STORED_DEFAULT["mtp_rank"]
+    mtp_hidden: bool = _STORED_DEFAULT["mtp_hidden"]
+    last_hidden: bool = _STORED_DEFAULT["last_hidden"]
+    labels: str = _STORED_DEFAULT["labels"]
+    top_k: int = _STORED_DEFAULT["top_k"]
     shard_rows: int = 64
     batch_size: int = 8
 
@@ -137,9 +143,7 @@ class FeatureOptions:
 
     def spec(self, layer_ids, dtype: str) -> FeatureSpec:
         """What the cache of a drafter tapping `layer_ids` of a target in `dtype` stores."""
-        return FeatureSpec(tuple(layer_ids), codec=self.codec, rank=self.rank, mtp_rank=self.mtp_rank,
-                           mtp_hidden=self.mtp_hidden, last_hidden=self.last_hidden, labels=self.labels,
-                           top_k=self.top_k, dtype=dtype)
+        return FeatureSpec(tuple(layer_ids), dtype=dtype, **{name: getattr(self, name) for name in STORED})
 
 
 def validation_sets(val_sets) -> dict[str, str]:
@@ -166,8 +170,7 @@ FLAT_KEYS: dict[str, tuple[str, str]] = {
     **{f"val_{k}": ("val", k) for k in ("domains", "prompts", "prompt_len", "new_tokens", "sets")},
     **{k: ("loader", k) for k in ("seq_len", "batch_size", "num_workers")},
     "features": ("features", "enabled"),
-    **{f"feature_{k}": ("features", k) for k in ("codec", "rank", "mtp_rank", "mtp_hidden", "last_hidden", "labels",
-                                                 "top_k", "shard_rows", "batch_size")},
+    **{f"feature_{k}": ("features", k) for k in (*STORED, "shard_rows", "batch_size")},
 }
 RECORDS = {"source": SourceOptions, "regen": RegenOptions, "val": ValidationOptions, "loader": LoaderOptions,
            "features": FeatureOptions}

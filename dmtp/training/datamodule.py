@@ -6,7 +6,7 @@ prompts of each embedded domain followed by the target's own greedy continuation
 cached), which is what makes `val/<domain>/tau` an exact acceptance figure.
 
 With `data.features=true` each row also carries its features from the offline feature cache
-(dmtp.training.feature_cache: the same rows, captured by `python -m dmtp.prepare step=capture`), and the
+(dmtp.datagen.feature_cache: the same rows, captured by `python -m dmtp.prepare step=capture`), and the
 regeneration cache must be complete: the target's decoder is not loaded to fill it.
 """
 from __future__ import annotations
@@ -27,9 +27,9 @@ from dmtp.data.prompts import held_out_prompts
 from dmtp.data.records import encode_record
 from dmtp.training.data_options import (FeatureOptions, LoaderOptions, RegenOptions, SourceOptions, ValidationOptions,
                                         grouped)
-from dmtp.training.feature_cache import FeatureCache
-from dmtp.training.feature_spec import FeatureSpec
-from dmtp.training.regenerate import RegenSettings, regenerate
+from dmtp.datagen.feature_cache import FeatureCache
+from dmtp.datagen.feature_spec import FeatureSpec
+from dmtp.datagen.regenerate import RegenSettings, regenerate
 from dmtp.training.sampler import ResumableLoader, ResumableSampler
 
 
@@ -202,13 +202,13 @@ class DraftDataModule(L.LightningDataModule):
         return out
 
     def _regenerate(self, prompts, settings: RegenSettings, progress: bool = True) -> list[list[int]]:
-        """The target's responses (dmtp.training.regenerate); from cached features, only read back: the target's
+        """The target's responses (dmtp.datagen.regenerate); from cached features, only read back: the target's
         decoder is not loaded to write a missing shard."""
         return regenerate(self.target, prompts, settings, eos_token_id=self.eos, progress=progress,
                           decode_missing=not self.features.enabled)
 
     def _regenerated_rows(self) -> list[dict]:
-        """DFlash/SpecForge recipe: the target writes the responses (`dmtp.training.regenerate`, the project's
+        """DFlash/SpecForge recipe: the target writes the responses (`dmtp.datagen.regenerate`, the project's
         own batched decoding, cached and resumable) to prompts taken at paragraph starts spread over the
         training split of each domain; the loss covers the response only. Labels are its own outputs."""
         prompts = self._regen_prompts()
@@ -223,7 +223,7 @@ class DraftDataModule(L.LightningDataModule):
     def _val_rows(self, domain: str, prompts: list[list[int]] | None = None) -> list[dict]:
         """Held-out rows of `domain`: its prompts (the embedded corpus's: `val_prompt_len` tokens of a document or
         a whole request; or a prompt file's, each cut to its last `val_prompt_len` tokens) and the target's greedy
-        continuation, regenerated once and cached (dmtp.training.regenerate). Rows share one length (the longest
+        continuation, regenerated once and cached (dmtp.datagen.regenerate). Rows share one length (the longest
         prompt's): a shorter prompt leaves EOS padding at the end."""
         p, new = self.val.prompt_len, self.val.new_tokens
         if prompts is None:

@@ -12,12 +12,12 @@ from __future__ import annotations
 from dmtp.data.corpora import corpus_of_target
 from dmtp.decode import SamplingConfig
 from dmtp.decode.sampling import draft_rules
-from dmtp.inference.drafters import greedy_correction_note
-from dmtp.inference.prompt_sets import embedded_prompts
+from dmtp.inference.drafter_choice import greedy_correction_note
+from dmtp.inference.prompt_choice import embedded_prompts
 from dmtp.inference.setup import LoadedTarget, build_decoder, load_mtp
 from dmtp.inference.workloads import add_comparisons, decode_workloads
 from dmtp.models.provenance import weights_digest
-from dmtp.reports.decoding import request_taus
+from dmtp.reports.decode_report import request_taus
 
 DEFAULT_MODES = ({"temperature": 0.0}, {"temperature": 1.0, "verification": "rejection"})
 EVAL_METHODS = ("ar", "mtp415", "drafter")

@@ -94,7 +94,7 @@ class DrafterFSDPStrategy(ModelParallelStrategy):
     def teardown(self) -> None:
         super().teardown()
         # ModelParallelStrategy's teardown skips the CheckpointIO's: a checkpoint still being written in the
-        # background (dmtp.training.checkpoint_io) is waited for, and its failure raised, here.
+        # background (dmtp.runs.checkpoint_io) is waited for, and its failure raised, here.
         self.checkpoint_io.teardown()
 
     @property
@@ -121,7 +121,7 @@ class DrafterFSDPStrategy(ModelParallelStrategy):
         keeps its own shard of the weights and of the optimizer state."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-        from dmtp.training.resume import current_key
+        from dmtp.runs.resume import current_key
 
         path = self.broadcast(checkpoint_path)
         checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=weights_only)

@@ -17,7 +17,6 @@ import math
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 
 from dmtp.drafters.block_drafter import BlockDrafter, MTPBlockInputs
 from dmtp.drafters.fit import require_target_fit
@@ -28,7 +27,7 @@ from dmtp.training.blocks import (draft_blocks, mtp_block_inputs, predicted_posi
 from dmtp.training.draws import BatchDraws, RowDraws
 from dmtp.training.fsdp import gathered, is_sharded, shard_trainable
 from dmtp.training.module_options import JointMTP, Objective, WalkOptions, grouped
-from dmtp.training.resume import current_key
+from dmtp.runs.resume import current_key
 from dmtp.training.validation import empty_walk, exact_acceptance, merged_walk, summed_over_ranks, walk_share
 
 FROZEN_PREFIXES = ("target.", "mtp.")   # what checkpoints leave out (the MTP is kept when it trains)
@@ -147,59 +146,75 @@ class DMTPModule(L.LightningModule):
         anchors, keep = sample_anchors(valid_anchors(inj, loss_mask), self.num_anchors, draws=draws)
         num = inj.sample_num_mtp(anchors.shape, draws, input_ids.device) if inj.uses_mtp else None
         feats = self.teacher(input_ids, cached)
-        t = input_ids.shape[1]
         mtp_inputs = None
         if inj.uses_mtp:
-            # T1..TM: the data tokens after each anchor (teacher forcing); m of them per block.
-            steps = inj.max_mtp_tokens
-            offsets = torch.arange(1, steps + 1, device=input_ids.device)
-            after = (anchors[..., None] + offsets).clamp(max=t - 1)
-            data = input_ids.gather(1, after.flatten(1)).view_as(after)
-            chain = mtp_block_inputs(self.mtp, feats, anchors, steps, tokens=data, mtp_grad=self.train_mtp)
-            if self.t1_source == "mtp":   # keep a block only if the MTP itself proposes its m tokens
-                own = self.drafter.proposing_mtp(self.mtp).logits(chain.hidden).argmax(-1)
-                keep = keep & ((own == data) | (offsets > num[..., None])).all(-1)
-            mtp_inputs = MTPBlockInputs(chain.tokens, chain.hidden, num)
+            mtp_inputs, keep = self._mtp_inputs(input_ids, feats, anchors, keep, num)
         block = draft_blocks(self.drafter, self.target.embed_tokens.weight, feats, anchors, keep, mtp_inputs,
                              mtp_grad=self.train_mtp)
-        hidden = block.hidden
-
-        pos = predicted_positions(inj, anchors)
-        in_range = pos < t
-        pos_c = pos.clamp(max=t - 1)
-        # The target's distribution over the token at p is its output at p - 1.
-        target_rows = (pos_c - 1).clamp(min=0).flatten(1)
-        if self.label_source == "data":
-            labels = input_ids.gather(1, pos_c.flatten(1)).view_as(pos)
-        else:  # the target's own greedy prediction of each position (distillation labels)
-            labels = feats.target_logits.argmax(-1).gather(1, target_rows).view_as(pos)
-        supervised = loss_mask.gather(1, pos_c.flatten(1)).view_as(pos).bool()
-        mask = keep[..., None] & in_range & supervised
-        if num is not None:   # slots of candidates 1..m hold MTP tokens (inputs): no prediction there
-            mask = mask & inj.drafter_slot_mask(num)
-        weights = decay_weights(pos.shape[-1], self.loss_gamma, pos.device) * mask
+        labels, teacher, mask = self._block_targets(input_ids, loss_mask, feats, anchors, keep, num)
+        weights = decay_weights(labels.shape[-1], self.loss_gamma, labels.device) * mask
         # Each predicted slot's predecessor is the token one position earlier on the gold path: the slot
         # before the first prediction holds A (raw_dflash) or T1 (= the data token x_{a+1} in training).
         prev = torch.cat([block.previous[..., None], labels[..., :-1]], dim=-1)
         # The drafter's logits given those predecessors (DSpark's Markov head reads them, teacher-forced;
         # the other drafters' logits do not depend on them).
-        logits = self.drafter.block_logits(hidden, self.target.lm_head.weight, prev).float()   # [B, N, n_pred, V]
-        teacher = None
-        if self.label_source == "target_kl" or self.loss_mix[1]:
-            v = feats.target_logits.shape[-1]
-            teacher = feats.target_logits.gather(1, target_rows[..., None].expand(-1, -1, v)).view(*pos.shape, v)
+        logits = self.drafter.block_logits(block.hidden, self.target.lm_head.weight, prev).float()  # [B, N, n_pred, V]
         per_slot = token_loss(logits, self.loss_mix, self.label_source == "target_kl", labels, teacher,
                               self.label_temperature)
         loss = (per_slot * weights).sum() / self._mean_over_ranks(weights.sum()).clamp(min=1e-6)
-        aux = self.drafter.auxiliary_loss(hidden, self.target.lm_head.weight, labels, prev, weights,
+        aux = self.drafter.auxiliary_loss(block.hidden, self.target.lm_head.weight, labels, prev, weights,
                                           step=step, logits=logits)
         self.last_auxiliary_loss = aux.detach()
-        loss = loss + aux
+        loss = self._add_mtp_losses(loss + aux, feats, loss_mask, mtp_inputs, anchors, keep)
+        correct = (logits.argmax(-1) == labels) & mask
+        acc = correct.flatten(0, 1).sum(0) / mask.flatten(0, 1).sum(0).clamp(min=1)
+        return loss, acc, mask.sum()
+
+    def _mtp_inputs(self, input_ids: torch.Tensor, feats, anchors: torch.Tensor, keep: torch.Tensor,
+                    num: torch.Tensor) -> tuple[MTPBlockInputs, torch.Tensor]:
+        """T1..TM: the data tokens after each anchor (teacher forcing), m of them per block, through the MTP
+        chain; with `t1_source=mtp` a block is kept only if the MTP itself proposes its m tokens."""
+        steps = self.drafter.injection.max_mtp_tokens
+        offsets = torch.arange(1, steps + 1, device=input_ids.device)
+        data = _tokens_at(input_ids, (anchors[..., None] + offsets).clamp(max=input_ids.shape[1] - 1))
+        chain = mtp_block_inputs(self.mtp, feats, anchors, steps, tokens=data, mtp_grad=self.train_mtp)
+        if self.t1_source == "mtp":
+            own = self.drafter.proposing_mtp(self.mtp).logits(chain.hidden).argmax(-1)
+            keep = keep & ((own == data) | (offsets > num[..., None])).all(-1)
+        return MTPBlockInputs(chain.tokens, chain.hidden, num), keep
+
+    def _block_targets(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, feats, anchors: torch.Tensor,
+                       keep: torch.Tensor, num: torch.Tensor | None):
+        """(labels, the teacher's logits or None, the supervised mask) of every predicted slot [B, N, n_pred]."""
+        inj = self.drafter.injection
+        t = input_ids.shape[1]
+        pos = predicted_positions(inj, anchors)
+        pos_c = pos.clamp(max=t - 1)
+        # The target's distribution over the token at p is its output at p - 1.
+        target_rows = (pos_c - 1).clamp(min=0)
+        if self.label_source == "data":
+            labels = _tokens_at(input_ids, pos_c)
+        else:  # the target's own greedy prediction of each position (distillation labels)
+            labels = _tokens_at(feats.target_logits.argmax(-1), target_rows)
+        mask = keep[..., None] & (pos < t) & _tokens_at(loss_mask, pos_c).bool()
+        if num is not None:   # slots of candidates 1..m hold MTP tokens (inputs): no prediction there
+            mask = mask & inj.drafter_slot_mask(num)
+        teacher = None
+        if self.label_source == "target_kl" or self.loss_mix[1]:
+            v = feats.target_logits.shape[-1]
+            rows = target_rows.flatten(1)[..., None].expand(-1, -1, v)
+            teacher = feats.target_logits.gather(1, rows).view(*pos.shape, v)
+        return labels, teacher, mask
+
+    def _add_mtp_losses(self, loss: torch.Tensor, feats, loss_mask: torch.Tensor, mtp_inputs: MTPBlockInputs | None,
+                        anchors: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """`loss` plus the MTP's own next-token loss when it trains, and its proposals' loss through the
+        drafter's correction (added in that order)."""
         if self.train_mtp:
             mtp_loss = self.mtp_next_token_loss(feats, loss_mask, self.mtp, (1.0, 0.0))
             self.last_mtp_loss = mtp_loss.detach()
             loss = loss + self.mtp_loss_weight * mtp_loss
-        if self.drafter.mtp_correction_rank:   # the MTP's own proposals through the drafter's correction
+        if self.drafter.mtp_correction_rank:
             proposing = self.drafter.proposing_mtp(self.mtp)
             correction_loss = self.mtp_next_token_loss(feats, loss_mask, proposing, self.loss_mix)
             if mtp_inputs is not None and mtp_inputs.hidden.shape[-2] > 1:   # the chain's later steps, as decoded
@@ -207,9 +222,7 @@ class DMTPModule(L.LightningModule):
                     feats, loss_mask, proposing, mtp_inputs.hidden, anchors, keep))
             self.last_correction_loss = correction_loss.detach()
             loss = loss + correction_loss
-        correct = (logits.argmax(-1) == labels) & mask
-        acc = correct.flatten(0, 1).sum(0) / mask.flatten(0, 1).sum(0).clamp(min=1)
-        return loss, acc, mask.sum()
+        return loss
 
     @property
     def needs_target_logits(self) -> bool:
@@ -364,3 +377,8 @@ def warmup_cosine(optimizer, total_steps: int, warmup_ratio: float = 0.04, min_r
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * frac))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _tokens_at(values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """values [B, T] read at positions [B, ...] (each row at its own positions) -> positions' shape."""
+    return values.gather(1, positions.flatten(1)).view_as(positions)

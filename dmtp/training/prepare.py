@@ -2,8 +2,8 @@
 
 step=regen    the target writes its responses (the training rows, when `data.regenerate`, and each held-out
               set's continuation): worker i of W decodes its shards of every regeneration cache
-              (dmtp.training.regenerate.write_share), resumable on its own.
-step=capture  the offline feature cache of the run's rows (dmtp.training.feature_cache): worker i captures its
+              (dmtp.datagen.regenerate.write_share), resumable on its own.
+step=capture  the offline feature cache of the run's rows (dmtp.datagen.feature_cache): worker i captures its
               shards. The rows are read from the regeneration cache (shards still missing there are decoded
               first, under their locks, never twice). The storage bill is printed, and checked against the free
               disk, before anything is captured.
@@ -24,10 +24,10 @@ from omegaconf import DictConfig
 
 from dmtp.configs import instantiate
 from dmtp.models.target import load_tokenizer
-from dmtp.training.feature_cache import capture, features_dir, verify_cache
-from dmtp.training.job import build_drafter, feature_spec_of, feature_target, load_mtp, target_device, uses_feature_cache
-from dmtp.training.regenerate import regen_manifest, write_share
-from dmtp.training.shard_cache import Share, shard_name
+from dmtp.datagen.feature_cache import capture, features_dir, verify_cache
+from dmtp.training.components import build_drafter, feature_spec_of, feature_target, load_mtp, target_device, uses_feature_cache
+from dmtp.datagen.regenerate import regen_manifest, write_share
+from dmtp.datagen.shards import Share, shard_name
 
 STEPS = ("regen", "capture", "merge")
 

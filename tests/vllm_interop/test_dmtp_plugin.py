@@ -21,7 +21,7 @@ from dmtp.decode import build_proposer  # noqa: E402
 from dmtp.families.decoding import spec_decoder  # noqa: E402
 from dmtp.drafters.block_drafter import fresh_drafter_for, load_block_drafter  # noqa: E402
 from dmtp.families.mtp_loading import load_native_mtp  # noqa: E402
-from dmtp.serving.vllm_engine import generate, generate_tokens, make_llm, sampling_params, shutdown, spec_decode_counts  # noqa: E402
+from dmtp.serving.vllm.engine import generate, generate_tokens, make_llm, sampling_params, shutdown, spec_decode_counts  # noqa: E402
 
 K = 7   # candidates per round; vLLM's num_speculative_tokens
 SECOND_TOKEN_SAMPLES = 512   # sampled 2-token requests on one prompt: the first speculative position

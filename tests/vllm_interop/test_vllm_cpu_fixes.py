@@ -1,5 +1,5 @@
 """vLLM's code as it runs here after the plug-in and the platform registered their kernels (worker
-start-up order), where vLLM 0.32's CPU stand-ins were wrong (`dmtp.serving.vllm_cpu_fixes`): the
+start-up order), where vLLM 0.32's CPU stand-ins were wrong (`dmtp.serving.vllm.cpu_fixes`): the
 rejection sampler's per-request -> per-draft-token expansion (float outputs never written) and
 DFlash's context K norm (every layer normalised with layer 1's weight)."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch  # noqa: E402
 def registered():
     from vllm.platforms import current_platform
 
-    from dmtp.serving.vllm_plugin import register
+    from dmtp.serving.vllm.plugin import register
 
     register()
     current_platform.register_triton_kernel_overrides()

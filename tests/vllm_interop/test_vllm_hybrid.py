@@ -30,7 +30,7 @@ from dmtp.decode import build_proposer  # noqa: E402
 from dmtp.families.decoding import spec_decoder  # noqa: E402
 from dmtp.drafters.block_drafter import fresh_drafter_for, load_block_drafter  # noqa: E402
 from dmtp.models.target import TargetModel  # noqa: E402
-from dmtp.serving.vllm_engine import generate, make_llm, sampling_params, shutdown, spec_decode_counts  # noqa: E402
+from dmtp.serving.vllm.engine import generate, make_llm, sampling_params, shutdown, spec_decode_counts  # noqa: E402
 from dmtp.tiny.architectures import build_model  # noqa: E402
 from dmtp.tiny.presets import HybridPreset  # noqa: E402
 from dmtp.tiny.targets import save_target  # noqa: E402

@@ -24,9 +24,9 @@ from dmtp.drafters.block_drafter import load_block_drafter  # noqa: E402
 from dmtp.configs import compose_config  # noqa: E402
 from dmtp.decode import build_proposer  # noqa: E402
 from dmtp.families.decoding import spec_decoder  # noqa: E402
-from dmtp.serving.vllm_engine import (generate, generate_tokens, make_llm, sampling_params, shutdown,  # noqa: E402
+from dmtp.serving.vllm.engine import (generate, generate_tokens, make_llm, sampling_params, shutdown,  # noqa: E402
                                       spec_decode_counts)
-from dmtp.serving.vllm_decoder import committed_accepted  # noqa: E402
+from dmtp.serving.vllm.decoder import committed_accepted  # noqa: E402
 
 K = 7   # candidates per round in dmtp; vLLM's num_speculative_tokens (its block is 1 + K)
 

@@ -11,8 +11,8 @@ from tests.vllm_interop.common import ENGINE_ARGS, SKIP_REASON
 
 pytest.importorskip("vllm", reason=SKIP_REASON)
 
-from dmtp.training.regenerate import RegenSettings, regenerate  # noqa: E402
-from dmtp.serving.vllm_engine import make_llm  # noqa: E402
+from dmtp.datagen.regenerate import RegenSettings, regenerate  # noqa: E402
+from dmtp.serving.vllm.engine import make_llm  # noqa: E402
 
 NEW = 48
 
@@ -50,8 +50,8 @@ def test_engine_options_reach_vllm(vllm_target_dir):
 def test_two_vllm_workers_write_the_shards_of_one(vllm_target, interop_prompts, tmp_path):
     """data.regen_engine=vllm shared out (dmtp.prepare step=regen workers=2): each worker's own engine writes its
     shards; sampled, every prompt's seed is its shard's, so the bytes are one worker's."""
-    from dmtp.training.regenerate import write_share
-    from dmtp.training.shard_cache import Share
+    from dmtp.datagen.regenerate import write_share
+    from dmtp.datagen.shards import Share
 
     settings = RegenSettings(new_tokens=NEW, temperature=1.0, seed=3, shard_size=3, engine="vllm",
                              engine_args=ENGINE_ARGS)                      # three shards for 8 prompts

@@ -5,7 +5,7 @@
   drafters never trained on (the tiny target's code is the stdlib's).
 
 Each is a JSONL file of {"prompt": ...} records (the `prompts` eval-set format, continued as written), decoded
-beside the corpus domains by naming it in `eval.domains` / `decode_eval.domains` (dmtp.inference.prompt_sets).
+beside the corpus domains by naming it in `eval.domains` / `decode_eval.domains` (dmtp.inference.prompt_choice).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Tables of tau [95% interval over prompts] per workload and method for every decoded mode under a directory."""
 import json, sys
 from pathlib import Path
-from dmtp.reports.decoding import request_taus
+from dmtp.reports.decode_report import request_taus
 import random
 
 def ci(xs, n=2000, seed=0):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dmtp.decode.loop import SpecDecoder
-from dmtp.engines.base import DecoderRequest, Engine
+from dmtp.serving.base import DecoderRequest, Engine
 from dmtp.families.decoding import build_decoder   # the one way a loop decoder is built (tests/test_one_setup_loader.py)
 
 

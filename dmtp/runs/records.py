@@ -4,12 +4,12 @@ Hydra writes its record of a run (`.hydra/config.yaml`, `hydra.yaml`, `overrides
 before the job checks anything, so a command refused because the directory already held another run replaced
 that run's records. conf/hydra/default.yaml therefore has Hydra write neither (`output_subdir: null`;
 the log file is opened on its first record, conf/hydra/job_logging/dmtp.yaml); the run writes the same record
-itself (`write_hydra_record`) once it has claimed the directory (dmtp.training.resume.claim_run_dir): under
+itself (`write_hydra_record`) once it has claimed the directory (dmtp.runs.resume.claim_run_dir): under
 `.hydra/` for a new run, `.hydra/resumed-<id>/` for a resumed one (its first record is kept).
 
 `NoteNewRunDirs`, a Hydra callback, notes whether the run (or sweep) directory existed before Hydra created it:
 a run that stops before its first step removes a directory its own command made (`created_by_this_command`)
-and leaves one that was there before as it found it (dmtp.training.first_step).
+and leaves one that was there before as it found it (dmtp.runs.first_step).
 
 No torch: the command imports this before anything heavy.
 """
@@ -63,7 +63,7 @@ def remove_if_made(path: str | Path) -> None:
             return
         try:
             folder.rmdir()
-        except FileNotFoundError:   # already removed (dmtp.training.first_step)
+        except FileNotFoundError:   # already removed (dmtp.runs.first_step)
             continue
         except OSError:   # not empty: the run wrote there, or another one did
             return

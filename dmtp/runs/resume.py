@@ -1,6 +1,6 @@
 """Where a training run lives and how it continues: one directory per run, resumed in place.
 
-- Where a run's checkpoints are and which directory a resume continues in: dmtp.run_dirs.
+- Where a run's checkpoints are and which directory a resume continues in: dmtp.runs.dirs.
 - A run directory belongs to one run. `claim_run_dir` marks it atomically when the run starts, so a
   second run pointed at the same directory fails up front instead of replacing the first one's
   checkpoints and drafter (default directories are unique anyway: see `dmtp.resolvers`).
@@ -23,7 +23,7 @@ import torch
 
 from dmtp.atomic_io import remove_stale_temporaries
 from dmtp.errors import reason
-from dmtp.run_dirs import CHECKPOINTS, checkpoints_newest_first, resumed_run_dir
+from dmtp.runs.dirs import CHECKPOINTS, checkpoints_newest_first, resumed_run_dir
 
 RUN_MARKER = ".dmtp-run"      # written once, atomically, by the run that owns the directory
 

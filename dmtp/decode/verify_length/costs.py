@@ -1,5 +1,5 @@
 """The cost table of `verify_length=auto`: the seconds of one decoding round at each verify length L = 0..K,
-measured once per batch shape on the live state (dmtp/decode/verify_length.py reads it).
+measured once per batch shape on the live state (dmtp/decode/verify_length/policy.py reads it).
 
 Each L's round (its CUDA graph, compiled program or eager stages) runs once untimed (first-call allocations),
 then `reps` times, the lengths interleaved so that a machine's drift reaches them alike, each run timed

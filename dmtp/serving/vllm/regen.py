@@ -1,6 +1,6 @@
 """The target writes its training data through vLLM (`data.regen_engine=vllm`).
 
-`VLLMWriter` is the writer `dmtp.training.regenerate` asks for when `RegenSettings.engine == "vllm"`: the
+`VLLMWriter` is the writer `dmtp.datagen.regenerate` asks for when `RegenSettings.engine == "vllm"`: the
 same `generate(prompts, max_new_tokens, sampling, batch_size, seed) -> .tokens` as dmtp's own
 `SpecDecoder`, so the shards, their cache key and their resumption are regenerate's, unchanged.
 vLLM's offline batch API (`LLM.generate` on token-id prompts) does the decoding, with continuous
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dmtp.serving.vllm_engine import generate_tokens, make_llm, sampling_params, shutdown
+from dmtp.serving.vllm.engine import generate_tokens, make_llm, sampling_params, shutdown
 
 
 @dataclass

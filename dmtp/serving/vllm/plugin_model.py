@@ -11,8 +11,8 @@ adds to it, both loaded and run by dmtp's own modules (one rule in one place):
   section; dmtp.models.mtp_correction): `dmtp_mtp` is then the MTP as the drafter proposes with it, its T1
   logits through the correction, exactly as in dmtp's own loop.
 
-Registered under the export's architecture name (`DMTPDraftModel`) by `dmtp.serving.vllm_plugin`;
-`dmtp.serving.vllm_plugin_proposer` drives it. Imported only inside vLLM processes.
+Registered under the export's architecture name (`DMTPDraftModel`) by `dmtp.serving.vllm.plugin`;
+`dmtp.serving.vllm.plugin_proposer` drives it. Imported only inside vLLM processes.
 """
 from __future__ import annotations
 

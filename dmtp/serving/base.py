@@ -1,7 +1,7 @@
 """What every serving engine gives dmtp: a `Decoder` (decode prompts, report like dmtp's loop) and, for
 regeneration, a writer (the target alone writes responses); an `Engine` is one registration of both.
 
-The comparison (dmtp.inference), regeneration (dmtp.training.regenerate) and the benches read only
+The comparison (dmtp.inference), regeneration (dmtp.datagen.regenerate) and the benches read only
 what is declared here, so an engine is one file in this package plus its line in `catalogue.py`.
 """
 from __future__ import annotations

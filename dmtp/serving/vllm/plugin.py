@@ -21,15 +21,15 @@ memory) and DFlash's per-layer context K norm (a multi-layer drafter's layers 2.
 """
 from __future__ import annotations
 
-DMTP_MODEL = "dmtp.serving.vllm_plugin_model:DMTPDraftModelForVLLM"
-REFUSED_MODEL = "dmtp.serving.vllm_refused:RefusedDraftModel"
+DMTP_MODEL = "dmtp.serving.vllm.plugin_model:DMTPDraftModelForVLLM"
+REFUSED_MODEL = "dmtp.serving.vllm.refused:RefusedDraftModel"
 
 
 def _choose_proposer(cls, vllm_config, *args, **kwargs):
     from vllm.v1.spec_decode.dflash import DFlashProposer
 
-    from dmtp.serving.vllm_dflash2_proposer import DFlash2Proposer, is_candidate_head_drafter
-    from dmtp.serving.vllm_plugin_proposer import DMTPProposer, is_dmtp_drafter
+    from dmtp.serving.vllm.dflash2_proposer import DFlash2Proposer, is_candidate_head_drafter
+    from dmtp.serving.vllm.plugin_proposer import DMTPProposer, is_dmtp_drafter
 
     if cls is DFlashProposer and is_dmtp_drafter(vllm_config):
         cls = DMTPProposer
@@ -42,7 +42,7 @@ def _admit_served_candidate_heads(original):
     """vLLM's V1 runner refuses candidate-head DFlash drafts (it would degrade them to DFlash v1);
     dmtp's DFlash2Proposer walks DFlash2's selector there, so only the others stay refused."""
     def is_candidate_draft_v1_refuses(self) -> bool:
-        from dmtp.serving.vllm_dflash2_proposer import is_candidate_head_drafter
+        from dmtp.serving.vllm.dflash2_proposer import is_candidate_head_drafter
 
         return original(self) and not is_candidate_head_drafter(self)
 
@@ -55,9 +55,9 @@ def register() -> None:
     from vllm.config import VllmConfig
     from vllm.v1.spec_decode.dflash import DFlashProposer
 
-    from dmtp.serving import vllm_cpu_fixes
-    from dmtp.serving.vllm_plugin_proposer import DMTP_ARCHITECTURE, SERVED_ARCHITECTURE
-    from dmtp.serving.vllm_refused import REGISTERED_NAMES
+    from dmtp.serving.vllm import cpu_fixes as vllm_cpu_fixes
+    from dmtp.serving.vllm.plugin_proposer import DMTP_ARCHITECTURE, SERVED_ARCHITECTURE
+    from dmtp.serving.vllm.refused import REGISTERED_NAMES
 
     vllm_cpu_fixes.install()
 

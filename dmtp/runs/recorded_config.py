@@ -24,7 +24,11 @@ RECORD_KEY = "dmtp_config"
 MOVED_TARGETS = {"dmtp.models.target.load_target": "dmtp.tiny.targets.load_target",
                  # conf/data's and conf/train.yaml model's flat options grouped into records by these
                  "dmtp.training.datamodule.DraftDataModule": "dmtp.training.datamodule.data_module",
-                 "dmtp.training.module.DMTPModule": "dmtp.training.module.dmtp_module"}
+                 "dmtp.training.module.DMTPModule": "dmtp.training.module.dmtp_module",
+                 # the run's lifecycle left dmtp.training for dmtp.runs
+                 "dmtp.training.guards.FiniteGuard": "dmtp.runs.guards.FiniteGuard",
+                 "dmtp.training.rng_state.ResumableRNG": "dmtp.runs.rng_state.ResumableRNG",
+                 "dmtp.run_records.NoteNewRunDirs": "dmtp.runs.records.NoteNewRunDirs"}
 
 RESUME_MAY_CHANGE = (
     "trainer.max_steps",            # extend (or shorten) the run

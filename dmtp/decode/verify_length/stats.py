@@ -1,4 +1,4 @@
-"""What the rounds record for `verify_length=auto` (dmtp/decode/verify_length.py), on the device, in the verify
+"""What the rounds record for `verify_length=auto` (dmtp/decode/verify_length/policy.py), on the device, in the verify
 stage, with no host sync: the loop reads it at its `done` polls (`LengthStats.read` -> `Readout`)."""
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """`python -m dmtp.infer engine=vllm`: a method decoded inside vLLM, reported like dmtp's own loop.
 
-`VLLMDecoder` is a `dmtp.engines.base.Decoder` (`generate(...) -> DecodeResult`, `num_candidates`,
+`VLLMDecoder` is a `dmtp.serving.base.Decoder` (`generate(...) -> DecodeResult`, `num_candidates`,
 `fixed_shapes`, `info()`, ...), so the printed table, the comparisons and metrics.json are dmtp's, unchanged;
-dmtp.engines.vllm registers it as engine `vllm`. Methods: `ar` (the target alone) and a drafter
+dmtp.serving.vllm.adapter registers it as engine `vllm`. Methods: `ar` (the target alone) and a drafter
 vLLM runs (method `dflash`: a raw DFlash export). The accepted drafts come per request and round from
 vLLM (`per_step_accepted`, before the EOS / budget cut, dmtp's `accepted_raw`); the cut ones follow
 dmtp's rule (`committed_accepted`). Times: `wall_s` around vLLM's batch call; time to first token per
@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from dmtp.serving.vllm_engine import make_llm, sampling_params, shutdown
+from dmtp.serving.vllm.engine import make_llm, sampling_params, shutdown
 
 
 _live: dict[str, object] = {}   # the one engine alive: {"decoder": VLLMDecoder}
@@ -37,7 +37,7 @@ def committed_accepted(tokens: int, accepted_raw: Sequence[int]) -> list[int]:
 
 
 class VLLMDecoder:
-    """A method decoded inside vLLM (dmtp.engines.base.Decoder)."""
+    """A method decoded inside vLLM (dmtp.serving.base.Decoder)."""
     fixed_shapes = False          # no graphs captured by dmtp: warm up with a short batch
     predicts_confidence = False   # vLLM verifies whole blocks
     signals_acceptance = False    # (whatever its scheduler does, dmtp's verify_length does not reach it)
@@ -104,7 +104,7 @@ def vllm_decoders(methods: Sequence[str], named: set[str], target_path: str, eos
                   dtype: str = "float32") -> dict[str, VLLMDecoder]:
     """{label: decoder} for the methods vLLM runs. A method it cannot run is one error when asked for by
     name, else skipped with one printed line: the native-MTP chains (vLLM has no `mtp` method for a dense
-    target) and DMTP variants the plug-in cannot host (dmtp.serving.vllm_plugin_model.serving_layout_problem;
+    target) and DMTP variants the plug-in cannot host (dmtp.serving.vllm.plugin_model.serving_layout_problem;
     the plug-in serves the others, docs/vllm-plugin.md)."""
     decoders, skipped = {}, []
     for m in methods:
@@ -131,7 +131,7 @@ def _plugin_problem(drafter) -> str | None:
     """None when vLLM serves this drafter: raw DFlash natively, a DMTP variant through dmtp's plug-in."""
     if not drafter.needs_mtp:
         return None
-    from dmtp.serving.vllm_plugin_model import serving_layout_problem
+    from dmtp.serving.vllm.plugin_model import serving_layout_problem
 
     return serving_layout_problem(drafter.injection, drafter.backbone.config, drafter.num_candidates)
 

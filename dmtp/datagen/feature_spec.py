@@ -10,7 +10,7 @@ One capture stores, for every token of the training rows, what the drafter reads
   distribution as the `top_k` largest probabilities and the tail mass, for KL / TV losses), or `none`
   (model.label_source=data with a CE loss).
 
-Features are stored by `codec` (dmtp.training.feature_codecs); `rank` / `mtp_rank` are the lowrank codec's
+Features are stored by `codec` (dmtp.datagen.feature_codecs); `rank` / `mtp_rank` are the lowrank codec's
 coefficients for the taps and for each single hidden (MTP, last). `dtype` is the target's: features read back
 in it, as the online forward gives them.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from dmtp.training.feature_codecs import require_codec, vector_bytes
+from dmtp.datagen.feature_codecs import require_codec, vector_bytes
 
 LABELS = ("none", "greedy", "topk")
 DTYPE_CODECS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}

@@ -16,7 +16,7 @@ uninterrupted one, sampled or greedy. Shards are tensors in safetensors (never p
 The cache is verified, not trusted: each shard is written atomically (dmtp.atomic_io) with the sha256 of
 its tensors in its metadata, and a shard read back must match it, have the expected shape and hold only
 ids of the target's vocabulary; a damaged one (changed, truncated, garbled) is named in one line and
-decoded again, never trained on. Each shard has its own lock file (dmtp.training.shard_cache): a run that
+decoded again, never trained on. Each shard has its own lock file (dmtp.datagen.shards): a run that
 finds a shard being written waits, then reads what the other wrote, instead of decoding it twice.
 
 Many workers: `write_share(..., Share(W, i))` decodes only worker i's shards (i, i + W, ...), so W
@@ -39,13 +39,13 @@ import torch
 from safetensors import safe_open
 
 from dmtp.atomic_io import remove_stale_temporaries, save_safetensors, write_json
-from dmtp.engines.catalogue import engine_named, engine_names
+from dmtp.serving.catalogue import engine_named, engine_names
 from dmtp.paths import dmtp_home
-from dmtp.training.shard_cache import Share, fill, shard_name, workers_missing, write_manifest
+from dmtp.datagen.shards import Share, fill, shard_name, workers_missing, write_manifest
 
 REGEN_METHODS = engine_named("dmtp").regen_methods   # what dmtp's own loop writes with: ar, mtp415
 SHARD_FORMAT = 2   # 2: shards carry their checksum (older caches, which do not, are never reused)
-REGEN_ENGINES = engine_names(regenerates=True)   # the engines with a writer (dmtp.engines.catalogue)
+REGEN_ENGINES = engine_names(regenerates=True)   # the engines with a writer (dmtp.serving.catalogue)
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,7 @@ def _read_shard(path: Path, rows: int, new_tokens: int, vocab_size: int) -> list
 
 def _waiting_notice(out_dir: Path) -> Callable[[str], None]:
     """Says once per call that this run waits for the holder of a shard of `out_dir` (another run, or this
-    run's own other rank: dmtp.training.shard_cache.file_lock)."""
+    run's own other rank: dmtp.datagen.shards.file_lock)."""
     said = []
 
     def notice(holder: str):
@@ -181,7 +181,7 @@ def _waiting_notice(out_dir: Path) -> Callable[[str], None]:
 
 
 def make_writer(target, settings: RegenSettings, eos_ids: Sequence[int], mtp=None):
-    """The writer of the settings' engine (dmtp.engines.catalogue): dmtp's loop with the settings' method,
+    """The writer of the settings' engine (dmtp.serving.catalogue): dmtp's loop with the settings' method,
     vLLM's offline engine on the target's checkpoint, ..."""
     return engine_named(settings.engine).writer(target, settings.method, eos_ids, mtp, settings.engine_args)
 

@@ -45,7 +45,7 @@ from collections.abc import Sequence
 
 import bisect
 
-from dmtp.decode.length_stats import (HITS, OBSERVED, PREDICTED, PREDICTED_OBSERVED, REQUESTS, SURVIVAL_BINS,
+from dmtp.decode.verify_length.stats import (HITS, OBSERVED, PREDICTED, PREDICTED_OBSERVED, REQUESTS, SURVIVAL_BINS,
                                       Readout)
 
 

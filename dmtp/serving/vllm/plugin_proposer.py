@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from vllm.v1.spec_decode.dflash import DFlashProposer
 
-from dmtp.serving.mtp_slots import MTPRows, MTPSlots
+from dmtp.serving.vllm.mtp_slots import MTPRows, MTPSlots
 
 DMTP_ARCHITECTURE = "DMTPDraftModel"
 # vLLM's speculative config renames a dflash drafter's architecture `X` to `DFlashX`

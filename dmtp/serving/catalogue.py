@@ -2,8 +2,9 @@
 benches look an engine up here by name. A new engine is a file in this package and one entry below."""
 from __future__ import annotations
 
-from dmtp.engines import dmtp_loop, vllm
-from dmtp.engines.base import Engine
+from dmtp.serving import dmtp_loop
+from dmtp.serving.vllm import adapter as vllm
+from dmtp.serving.base import Engine
 
 ENGINES: tuple[Engine, ...] = (dmtp_loop.ENGINE, vllm.ENGINE)
 

@@ -1,6 +1,6 @@
 """Where a training run's files are: `<run>/checkpoints/*.ckpt`, and which run directory `resume=` /
 `ckpt_path=` continue in. Path rules only (no torch): the config resolvers (dmtp.resolvers, on `import dmtp`)
-need them before anything heavy, and dmtp.training.resume builds the resume on them.
+need them before anything heavy, and dmtp.runs.resume builds the resume on them.
 """
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """vLLM as an engine (dmtp.serving: vllm_decoder.py decodes, regen_vllm.py writes). vLLM is imported only
 when an engine starts, so this file loads where vLLM is not installed; starting it there is one line naming
-the install command (dmtp.serving.vllm_engine.VLLM_MISSING)."""
+the install command (dmtp.serving.vllm.engine.VLLM_MISSING)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dmtp.engines.base import DecoderRequest, Engine, plain_dict
+from dmtp.serving.base import DecoderRequest, Engine, plain_dict
 
 
 def options(cfg) -> dict:
@@ -19,8 +19,8 @@ def _dtype_name(dtype) -> str:
 
 def decoders(request: DecoderRequest) -> dict:
     """The methods vLLM runs (ar, raw DFlash natively, DMTP through dmtp's plug-in); the others are one error
-    when named, else skipped with one line (dmtp.serving.vllm_decoder.vllm_decoders)."""
-    from dmtp.serving.vllm_decoder import vllm_decoders
+    when named, else skipped with one line (dmtp.serving.vllm.decoder.vllm_decoders)."""
+    from dmtp.serving.vllm.decoder import vllm_decoders
 
     target, drafter = request.target, request.drafter
     return vllm_decoders(request.methods, request.named, target.path, [target.eos_token_id],
@@ -30,7 +30,7 @@ def decoders(request: DecoderRequest) -> dict:
 
 def writer(target, method: str, eos_ids: Sequence[int], mtp=None, engine_args: dict | None = None):
     """vLLM's offline batch API on the target's checkpoint (the target alone: `regen_methods`)."""
-    from dmtp.serving.regen_vllm import VLLMWriter
+    from dmtp.serving.vllm.regen import VLLMWriter
 
     return VLLMWriter(str(target.path), eos_ids, engine_args, dtype=_dtype_name(target.dtype))
 

@@ -6,12 +6,12 @@
 `<key>` hashes the target's identity, the rows (every token id and loss-mask bit) and the `FeatureSpec`, so
 a cache is never read for other rows, another target, other taps or another codec. Per shard: the rows'
 `input_ids` and `loss_mask`, then each stored group's parts (`taps.*`, `mtp.*`, `last.*`: see
-dmtp.training.feature_codecs) and the labels (`greedy`, `topk_ids`, `topk_probs`, `tail`), all with the
+dmtp.datagen.feature_codecs) and the labels (`greedy`, `topk_ids`, `topk_probs`, `tail`), all with the
 row as leading dimension. Each row's sha256 is in the shard's metadata: a row is verified whenever it is read
 (only its bytes are read: the shards are memory-mapped), and a whole shard when a capture finds it or the
 merge step verifies the cache.
 
-W workers capture a cache together (dmtp.training.shard_cache: worker i writes shards i, i + W, ...), each
+W workers capture a cache together (dmtp.datagen.shards: worker i writes shards i, i + W, ...), each
 resumable; the lowrank basis is fitted by whichever comes first, under its own lock, and read by the others.
 """
 from __future__ import annotations
@@ -27,10 +27,10 @@ from safetensors import safe_open
 
 from dmtp.atomic_io import remove_stale_temporaries, save_safetensors, write_json
 from dmtp.paths import dmtp_home
-from dmtp.training.feature_codecs import decode, encode, fit_basis
-from dmtp.training.feature_spec import FeatureSpec
-from dmtp.training.regenerate import target_identity
-from dmtp.training.shard_cache import Share, file_lock, fill, shard_name, workers_missing, write_manifest
+from dmtp.datagen.feature_codecs import decode, encode, fit_basis
+from dmtp.datagen.feature_spec import FeatureSpec
+from dmtp.datagen.regenerate import target_identity
+from dmtp.datagen.shards import Share, file_lock, fill, shard_name, workers_missing, write_manifest
 
 FORMAT = 2   # 2: one metadata entry per shard (a shard's bytes do not depend on its writer)
 FIT_TOKENS = 16384   # tokens the lowrank basis is fitted on (rows spread evenly over the cache: fit_rows)

@@ -1,0 +1,32 @@
+"""The options every benchmark script takes, declared once: where it runs, in what dtype, on how many
+threads, and where its JSON report goes (written by `write_report`). Each script keeps its own defaults (a micro-benchmark times one
+kernel on an explicit device in float32; a decoding bench follows the target's placement)."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+DTYPES = ["float32", "bfloat16", "float16"]
+
+
+def add_machine_args(ap: argparse.ArgumentParser, *, device: str = "auto", dtype: str = "auto",
+                     threads: int | str = "auto", seed: bool = False, dtype_help: str | None = None) -> None:
+    """--device, --dtype, --threads, --out (and --seed); `dtype="auto"` follows the target's config."""
+    ap.add_argument("--device", default=device)
+    ap.add_argument("--dtype", default=dtype, choices=None if dtype == "auto" else DTYPES, help=dtype_help)
+    if isinstance(threads, int):
+        ap.add_argument("--threads", type=int, default=threads, help="torch CPU threads (0: leave as is)")
+    else:
+        ap.add_argument("--threads", default=threads, help="torch CPU threads, or auto (dmtp.threads' policy)")
+    if seed:
+        ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="write the JSON report here")
+
+
+def write_report(path: str | None, report) -> None:
+    """The JSON report every script ends with (--out), and one line saying where it went; nothing without --out."""
+    if not path:
+        return
+    Path(path).write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(f"report written to {path}")
