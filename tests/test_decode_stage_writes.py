@@ -61,7 +61,7 @@ def test_adaptive_multi_step_and_recompute_runner_declare_their_writes(micro_tar
 def test_an_undeclared_write_is_caught_and_the_snapshot_is_what_stages_declare(micro_target, micro_mtp):
     dec = spec_decoder(micro_target, _proposer(micro_target, micro_mtp, "mtp415"), eos_token_id=[])
     st = dec._ensure_state(len(PROMPTS), 64, MAX_NEW, GREEDY)
-    sneaky = Stage("sneaky", lambda: dec.proposer.mtp_state.h.add_(1.0), writes=(st.acc,))
+    sneaky = Stage("sneaky", lambda: dec.proposer.mtp_state.h.add_(1.0), writes=(st.kept,))
     assert undeclared_writes(sneaky, state=st, runner=dec.runner, proposer=dec.proposer) == ["proposer.mtp_state.h"]
     stages = dec.stages(st)
     saved = {id(t) for t, _ in snapshot(stages)}

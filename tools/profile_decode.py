@@ -2,7 +2,7 @@
 
 1. the floor: bytes of weights each stage must read once per round (target, drafter, MTP; the shared LM
    head counted where it is read) and of the KV cache at each context, divided by --bandwidth-tbs;
-2. ms per round of each method (and each stage: mtp, t1_fusion, drafter, verify) at every --batch-sizes x
+2. ms per round of each method (and each stage: mtp, t1_fusion or slots, drafter, verify) at every --batch-sizes x
    --contexts, with each --gqa-modes (grouped-query attention: repeat = the old copy of K/V, grouped /
    native = no copy), the modes and methods interleaved --reps times in one process, x floor beside;
 3. per-kernel time of one AR step and one verify round of each drafter method (torch.profiler over

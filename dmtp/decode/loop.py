@@ -299,7 +299,8 @@ class SpecDecoder:
         return sampling.fixed_length(self.num_candidates)
 
     def stages(self, st: DecodeState, length: int | None = None) -> list[Stage]:
-        """The round's stages in order, each with the state it writes. Names: mtp, t1_fusion, drafter, verify.
+        """The round's stages in order, each with the state it writes. Names: mtp, t1_fusion (slots for raw DFlash,
+        which has no T1), drafter, verify.
         `length`: the candidates verified, L (None: the run's fixed length; K for verify_length=auto); L = 0
         drafts nothing and verifies A alone, the proposer's state still follows the committed rows."""
         fixed = self.check_options(st.sampling)
@@ -310,59 +311,89 @@ class SpecDecoder:
 
     # -- the verify/accept stage ------------------------------------------------------------------
     def _verify(self, st: DecodeState, length: int) -> None:
-        """Verify [A, c1..cL] (L = `length`, the rules of a block of L candidates) and commit the round."""
-        s, k = st.sampling, length
-        runner = self.runner
-        offsets = st.offsets[:k + 1]
-        candidates = st.candidates[:, :k]
-        q = st.q[:, :k] if st.q is not None else None
-        tokens = torch.cat([st.anchor[:, None], candidates], dim=1) if k else st.anchor[:, None]
-        positions = runner.lengths[:, None] + offsets
-        out = runner.verify(tokens, positions)
-        scheduled = s.schedules_verification and k
-        limit = st.verify_limit.clamp(max=k) if scheduled else None
-        if s.uses_draft_probs and k:
-            p = probs_from_logits(out.logits, s.temperature, s.top_k, s.top_p)
-            accept = _ACCEPT_WITH_DRAFT_PROBS[s.verification]
-            y, acc = accept(candidates, q, p, generator=st.generator, limit=limit)
+        """Verify [A, c1..cL] (L = `length`, the rules of a block of L candidates) and commit the round, in the
+        reference round's order (dmtp.decode.reference): the target's forward, the accepted prefix, the tokens
+        committed to the output, the state advanced past them."""
+        active = ~st.done   # the requests still decoding when the round starts
+        out = self._target_forward(st, length)
+        target_tokens, accepted, verified = self._accept(st, length, out.logits)
+        kept = self._commit(st, length, target_tokens, accepted, active)
+        self._advance(st, length, out, target_tokens, kept, active)
+        self._record(st, length, accepted, kept, verified, active)
+
+    def _target_forward(self, st: DecodeState, length: int):
+        """The target over [A, c1..cL] at positions len..len+L, in one forward from its cache."""
+        candidates = st.candidates[:, :length]
+        tokens = torch.cat([st.anchor[:, None], candidates], dim=1) if length else st.anchor[:, None]
+        return self.runner.verify(tokens, self.runner.lengths[:, None] + st.offsets[:length + 1])
+
+    def _accept(self, st: DecodeState, length: int, logits: torch.Tensor):
+        """(the target's token at every row [B, L+1], the accepted candidates [B], the candidates verified [B]).
+        Greedy and target-only verification compare the target's token with each candidate; rejection and block
+        verification weigh the candidates' draft probabilities (the token after the prefix is then a residual's)."""
+        sampling = st.sampling
+        candidates = st.candidates[:, :length]
+        limit = st.verify_limit.clamp(max=length) if sampling.schedules_verification and length else None
+        if sampling.uses_draft_probs and length:
+            p = probs_from_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+            accept = _ACCEPT_WITH_DRAFT_PROBS[sampling.verification]
+            target_tokens, accepted = accept(candidates, st.q[:, :length], p, generator=st.generator, limit=limit)
         else:
-            y = sample_tokens(out.logits, s.temperature, s.top_k, s.top_p, generator=st.generator)
-            acc = accept_target_only(candidates, y, limit)
-        active = ~st.done
-        verified = limit if limit is not None else torch.full_like(st.verify_limit, k)
-        st.verified.add_(verified * active)
-        if st.length_stats is not None and k:   # what verify_length=auto learns from this round
-            # verify_limit: the candidates a confidence threshold keeps (K without one)
-            st.length_stats.accumulate(st.confidence.cumprod(-1), st.verify_limit, verified, acc, active)
-        w = k + 1
-        hit = (y[..., None] == st.eos).any(-1)
-        first_eos = torch.where(hit, offsets, w).amin(1)
+            target_tokens = sample_tokens(logits, sampling.temperature, sampling.top_k, sampling.top_p,
+                                          generator=st.generator)
+            accepted = accept_target_only(candidates, target_tokens, limit)
+        verified = limit if limit is not None else torch.full_like(st.verify_limit, length)
+        return target_tokens, accepted, verified
+
+    def _commit(self, st: DecodeState, length: int, target_tokens: torch.Tensor, accepted: torch.Tensor,
+                active: torch.Tensor) -> torch.Tensor:
+        """Append each active request's accepted prefix and the token after it to its output, cut after the
+        first EOS and at its budget; a request that emitted EOS or filled its budget is done.
+        -> the candidates each request kept [B]."""
+        offsets = st.offsets[:length + 1]
+        hit = (target_tokens[..., None] == st.eos).any(-1)
+        first_eos = torch.where(hit, offsets, length + 1).amin(1)
         remaining = st.max_new - st.out_len
-        eff = torch.minimum(torch.minimum(acc, first_eos), remaining - 1).clamp_min(0)
-        n = (eff + 1) * active
-        emit = (offsets[None] <= eff[:, None]) & active[:, None]
+        kept = torch.minimum(torch.minimum(accepted, first_eos), remaining - 1).clamp_min(0)
+        emit = (offsets[None] <= kept[:, None]) & active[:, None]
         idx = st.out_len[:, None] + offsets
-        st.out_tokens.scatter_(1, idx, torch.where(emit, y, st.out_tokens.gather(1, idx)))
-        st.out_len.add_(n)
+        st.out_tokens.scatter_(1, idx, torch.where(emit, target_tokens, st.out_tokens.gather(1, idx)))
+        st.out_len.add_((kept + 1) * active)
         finished = (hit & emit).any(1) | (st.out_len >= st.max_new)
         st.done.logical_or_(finished & active)
-        st.anchor.copy_(torch.where(active, y.gather(1, eff[:, None]).squeeze(1), st.anchor))
-        st.a_prev.copy_(runner.lengths)
-        runner.advance(n)
-        st.y[:, :w].copy_(y)
-        st.acc.copy_(eff)
+        return kept
+
+    def _advance(self, st: DecodeState, length: int, out, target_tokens: torch.Tensor, kept: torch.Tensor,
+                 active: torch.Tensor) -> None:
+        """Past the committed rows: the next anchor (the last committed token), the target's cache length, and
+        what the proposer's advance stages catch up from (the round's tokens, kept count, hidden states)."""
+        rows = length + 1
+        st.anchor.copy_(torch.where(active, target_tokens.gather(1, kept[:, None]).squeeze(1), st.anchor))
+        st.round_start.copy_(self.runner.lengths)
+        self.runner.advance((kept + 1) * active)
+        st.target_tokens[:, :rows].copy_(target_tokens)
+        st.kept.copy_(kept)
         if st.h_verify is not None:
-            st.h_verify[:, :w].copy_(out.last_hidden)
+            st.h_verify[:, :rows].copy_(out.last_hidden)
         if st.f_verify is not None:
-            st.f_verify[:, :w].copy_(out.layer_hidden)
+            st.f_verify[:, :rows].copy_(out.layer_hidden)
+
+    @staticmethod
+    def _record(st: DecodeState, length: int, accepted: torch.Tensor, kept: torch.Tensor, verified: torch.Tensor,
+                active: torch.Tensor) -> None:
+        """The round's measurements: candidates verified, what verify_length=auto learns, the accepted lengths."""
+        st.verified.add_(verified * active)
+        if st.length_stats is not None and length:
+            # verify_limit: the candidates a confidence threshold keeps (K without one)
+            st.length_stats.accumulate(st.confidence.cumprod(-1), st.verify_limit, verified, accepted, active)
         r = st.round_idx.clamp(max=st.rounds_cap - 1)
-        st.acc_log[r] = torch.where(active, eff, -1)[None]   # indexed assignments: in place when compiled too
-        st.raw_log[r] = torch.where(active, acc, -1)[None]
+        st.acc_log[r] = torch.where(active, kept, -1)[None]   # indexed assignments: in place when compiled too
+        st.raw_log[r] = torch.where(active, accepted, -1)[None]
         st.round_idx.add_(1)
 
     def _verify_writes(self, st: DecodeState) -> tuple[torch.Tensor, ...]:
         """Everything `_verify` changes in place, and the runner's committed state that `advance` moves."""
-        return (*present(st.out_tokens, st.out_len, st.done, st.anchor, st.a_prev, st.y, st.acc, st.verified,
+        return (*present(st.out_tokens, st.out_len, st.done, st.anchor, st.round_start, st.target_tokens, st.kept, st.verified,
                          st.h_verify, st.f_verify, st.acc_log, st.raw_log, st.round_idx,
                          *(st.length_stats.tensors if st.length_stats is not None else ())), *self.runner.round_state())
 

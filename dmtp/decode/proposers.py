@@ -7,7 +7,7 @@ graphs on GPU) and declares the buffers it writes (`dmtp.decode.stage.Stage`):
 * `propose_stages(st)`: fill `st.candidates [B, K]` (and `st.q [B, K, V]`, the proposal
   distributions, when rejection sampling is on);
 * `advance_stages(st)`: after the target's verify, bring the proposer's own state up to date with the
-  committed rows (`st.y`, `st.h_verify`, `st.f_verify`, `st.a_prev`, `st.acc`).
+  committed rows (`st.target_tokens`, `st.h_verify`, `st.f_verify`, `st.round_start`, `st.kept`).
 
 Methods:
 * `ARProposer`: target-only autoregressive (K = 0).
@@ -236,7 +236,7 @@ class Proposer:
         if self.mtp_state is None:
             return []
         m, w = self.mtp_state, rows or st.width
-        return [Stage("mtp", lambda: m.catch_up(st.y[:, :w], st.h_verify[:, :w], st.a_prev, st.acc, st.span),
+        return [Stage("mtp", lambda: m.catch_up(st.target_tokens[:, :w], st.h_verify[:, :w], st.round_start, st.kept, st.span),
                       writes=(m.h,), scratch=m.rows_past_commit)]
 
 
@@ -348,7 +348,7 @@ class DrafterProposer(Proposer):
             if steps > 1:   # one step: m = 1 always (set at allocation)
                 self.num_mtp.copy_(inj.choose_num_mtp(out.logits))
 
-        def t1_fusion():
+        def build_slots():   # [A or T1.., masks] with the injection applied
             if steps == 1:   # the T1 head is part of this stage; a longer chain is its own "mtp" stage
                 chain()
             d.build(st.anchor, mtp)
@@ -373,19 +373,19 @@ class DrafterProposer(Proposer):
         # The block's K/V go into the context caches at rows from the anchor on: scratch, as the append's.
         drafting = Stage("drafter", draft, writes=present(st.candidates, st.q, st.verify_limit if schedule else None,
                                                           st.confidence), scratch=d.context_caches)
-        if steps == 0:   # raw DFlash: no MTP
-            return [Stage("t1_fusion", t1_fusion, writes=(d.slots,)), drafting]
+        if steps == 0:   # raw DFlash: no MTP, the block's slots are the anchor and the masks
+            return [Stage("slots", build_slots, writes=(d.slots,)), drafting]
         chain_writes = present(self.mtp_tokens, self.mtp_hidden, self.mtp_q, signal)
         if steps == 1:   # one MTP step reads the cached hidden: no chained rows
-            return [Stage("t1_fusion", t1_fusion, writes=(d.slots, *chain_writes)), drafting]
+            return [Stage("t1_fusion", build_slots, writes=(d.slots, *chain_writes)), drafting]
         return [Stage("mtp", chain, writes=(*chain_writes, self.num_mtp), scratch=(self.mtp_state.cache,)),
-                Stage("t1_fusion", t1_fusion, writes=(d.slots,)), drafting]
+                Stage("t1_fusion", build_slots, writes=(d.slots,)), drafting]
 
     def advance_stages(self, st, rows: int | None = None) -> list[Stage]:
         d, w = self.dstate, rows or st.width
 
         def append():
-            positions = st.a_prev[:, None] + self.offsets[:w]
+            positions = st.round_start[:, None] + self.offsets[:w]
             d.append(st.f_verify[:, :w], self._mtp_features(positions), positions)
 
         return super().advance_stages(st, rows) + [Stage("drafter", append, scratch=d.context_caches)]

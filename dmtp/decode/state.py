@@ -68,8 +68,11 @@ class DecodeState:
         self.anchor = z(batch)
         self.candidates = z(batch, k)
         self.q = torch.zeros(batch, k, vocab_size, dtype=torch.float32, device=dev) if sampling.uses_draft_probs else None
-        self.y = z(batch, w)
-        self.acc = z(batch)
+        # The round's outcome the proposer catches up from: the target's token at every verified row (its argmax
+        # or sample; the committed ones are the accepted prefix and the token after it) and the candidates each
+        # request kept (accepted, cut at EOS and at the budget).
+        self.target_tokens = z(batch, w)
+        self.kept = z(batch)
         # Candidates verified this round (confidence-scheduled verification; K when off) and their sum
         # over the rounds each request was active (what an engine that packs verify rows would run).
         self.verify_limit = torch.full((batch,), k, dtype=torch.long, device=dev)
@@ -80,7 +83,7 @@ class DecodeState:
         chooses = sampling.chooses_length and k > 0
         self.confidence = torch.ones(batch, k, dtype=torch.float32, device=dev) if chooses else None
         self.length_stats = LengthStats(batch, k, dev) if chooses else None
-        self.a_prev = z(batch)
+        self.round_start = z(batch)   # each request's committed length before the round: where A sits
         self.h_verify = torch.zeros(batch, w, hidden_size, dtype=dtype, device=dev) if reads.last_hidden else None
         self.f_verify = torch.zeros(batch, w, feature_dim, dtype=dtype, device=dev) if reads.features else None
         self.out_tokens = z(batch, max_new + w)
@@ -102,7 +105,7 @@ class DecodeState:
 
     def reset(self) -> None:
         """Back to a harmless all-zero state (after graph warm-up; before a prefill)."""
-        for t in (self.anchor, self.candidates, self.y, self.acc, self.a_prev, self.out_tokens, self.out_len,
+        for t in (self.anchor, self.candidates, self.target_tokens, self.kept, self.round_start, self.out_tokens, self.out_len,
                   self.round_idx, self.runner.lengths, self.verified):
             t.zero_()
         self.verify_limit.fill_(self.num_candidates)

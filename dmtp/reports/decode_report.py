@@ -68,9 +68,10 @@ def comparisons(metrics: dict) -> list[str]:
 
 
 def stage_table(metrics: dict) -> str:
-    stages = ["mtp", "t1_fusion", "drafter", "verify", "round"]
+    stages = ["mtp", "t1_fusion", "slots", "drafter", "verify", "round"]
     rows = [{"method": name, **{k: s["stage_ms_per_round"].get(k) for k in stages}}
             for name, s in metrics["overall"].items()]
+    stages = [k for k in stages if any(row[k] is not None for row in rows)]
     return format_table(rows, ["method", *stages], float_digits=3, title="per-stage ms per round (after warm-up rounds)")
 
 
