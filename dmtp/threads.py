@@ -11,7 +11,7 @@ processes beside it, the tiny target's build ran 0.13-0.25 steps/s at 2 threads 
   command calls `claim_process()` in its `__main__` block, before anything imports torch (Hydra's
   composition does: a resolver imports the training code). An OMP_WAIT_POLICY the user set is kept.
 - `threads=auto`: one thread per physical core this process may use (its CPU affinity), as torch's own
-  default. Not fewer when the machine is loaded: a quick run of tools/bench_threads.py on the busy
+  default. Not fewer when the machine is loaded: a quick run of tools/bench/bench_threads.py on the busy
   2-core development machine (not published: nothing there is idle) had 2 PASSIVE threads at or
   above 1 thread both with and without a busy core, and 2 spinning threads 7-60x slower; and a count
   taken from the load would make a run's floating-point results (reductions split per thread) depend
@@ -20,7 +20,7 @@ processes beside it, the tiny target's build ran 0.13-0.25 steps/s at 2 threads 
 - Called from Python (a test, a notebook) rather than as a command, `auto` leaves the caller's thread
   count alone: the process is the caller's.
 
-tools/bench_threads.py measures 1 vs 2 threads, with and without PASSIVE, idle and with one core busy;
+tools/bench/bench_threads.py measures 1 vs 2 threads, with and without PASSIVE, idle and with one core busy;
 the rule is to be confirmed against its figures on an idle machine (BENCHMARKS.md).
 """
 from __future__ import annotations

@@ -13,7 +13,8 @@ TOOLS = Path(__file__).resolve().parents[1] / "tools"
 
 def tool(name: str):
     """A script of tools/ as a module, loaded from its file (the scripts are not a package)."""
-    spec = importlib.util.spec_from_file_location(f"tools_{name}", TOOLS / f"{name}.py")
+    [path] = TOOLS.rglob(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"tools_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -135,7 +136,7 @@ def test_bench_peer_in_bfloat16_with_a_sized_drafter(micro_target_dir):
 
 
 def test_profile_decode_floor_timings_and_kernels(tmp_path, micro_target_dir):
-    """tools/profile_decode.py on CPU: the floor arithmetic from the weights' bytes, one row per
+    """tools/bench/profile_decode.py on CPU: the floor arithmetic from the weights' bytes, one row per
     (gqa mode, batch, context, method) with AR's own ratio 1, and a kernel table per profiled method."""
     profile_decode = tool("profile_decode")
 
@@ -178,7 +179,7 @@ def test_profile_decode_refuses_unknown_methods(capsys, micro_target_dir):
 
 
 def test_bench_attention_modes_agree(capsys):
-    """tools/bench_attention.py: every GQA mode timed on the same call, the same attention as the K/V copy."""
+    """tools/micro/bench_attention.py: every GQA mode timed on the same call, the same attention as the K/V copy."""
     bench_attention = tool("bench_attention")
     import pytest
 
@@ -196,7 +197,7 @@ def test_bench_attention_modes_agree(capsys):
 
 
 def test_bench_block_attention_groups_agree_with_the_dense_mask_and_compute_fewer_pairs(capsys):
-    """tools/bench_block_attention.py: training's attention in groups of blocks gives the dense mask's output and
+    """tools/micro/bench_block_attention.py: training's attention in groups of blocks gives the dense mask's output and
     gradients, over fewer (query, key) pairs, and leaves the shipped group size as it was."""
     bench_block_attention = tool("bench_block_attention")
     import pytest
@@ -218,7 +219,7 @@ def test_bench_block_attention_groups_agree_with_the_dense_mask_and_compute_fewe
 
 
 def test_bench_drafter_kv_paths_agree_and_cached_allocates_no_kv_copy():
-    """tools/bench_drafter_kv.py: the in-place path gives the concatenating path's hidden states and allocates
+    """tools/micro/bench_drafter_kv.py: the in-place path gives the concatenating path's hidden states and allocates
     at least one K/V copy (every layer, K and V) less per forward."""
     bench_drafter_kv = tool("bench_drafter_kv")
 
@@ -232,7 +233,7 @@ def test_bench_drafter_kv_paths_agree_and_cached_allocates_no_kv_copy():
 
 
 def test_train_scale_counts_model_flops_part_by_part(micro_target_dir):
-    """The MFU's numerator: every part as the module docstring of tools/bench_train_scale.py writes it."""
+    """The MFU's numerator: every part as the module docstring of tools/bench/bench_train_scale.py writes it."""
     bench_train_scale = tool("bench_train_scale")
 
     from dmtp.configs import compose_train
@@ -261,7 +262,7 @@ def test_train_scale_runs_the_production_trainer_and_reports(tmp_path, micro_tar
     bench_train_scale = tool("bench_train_scale")
 
     out = tmp_path / "train.json"
-    run = subprocess.run([sys.executable, str(TOOLS / "bench_train_scale.py"), "--target", str(micro_target_dir), "--injections", "raw_dflash",
+    run = subprocess.run([sys.executable, str(TOOLS / "bench" / "bench_train_scale.py"), "--target", str(micro_target_dir), "--injections", "raw_dflash",
                           "--steps", "5", "--checkpoint-every", "3", "--warmup", "0", "--seq-len", "64", "--anchors",
                           "8", "--layers", "1", "--taps", "2", "--max-examples", "60", "--val-prompts", "2",
                           "--accelerator", "cpu", "--threads", "1", "--workdir", str(tmp_path), "--out", str(out)],

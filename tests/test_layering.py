@@ -52,7 +52,7 @@ def module_name(path: Path) -> str:
 
 
 def source_files() -> dict[str, Path]:
-    files = list((ROOT / "dmtp").rglob("*.py")) + list((ROOT / "tools").glob("*.py"))
+    files = list((ROOT / "dmtp").rglob("*.py")) + list((ROOT / "tools").rglob("*.py"))
     return {module_name(p): p for p in files}
 
 
@@ -85,11 +85,12 @@ def import_graph() -> dict[str, set[str]]:
     files = source_files()
     known = set(files)
     # tools/ run as scripts: an import of one by another (`from bench_decode import ...`) is seen by its bare name
-    known |= {n.split(".", 1)[1] for n in files if n.startswith("tools.")}
+    bare = {n.rpartition(".")[2]: n for n in files if n.startswith("tools.")}
+    known |= set(bare)
     graph = {}
     for name, path in files.items():
         edges = imports_of(name, path, known)
-        graph[name] = {f"tools.{e}" if e in known and e not in files else e for e in edges}
+        graph[name] = {bare[e] if e in bare and e not in files else e for e in edges}
     return graph
 
 

@@ -1,5 +1,5 @@
 """Every decoding run loads through the one setup loader (dmtp.inference.setup): dmtp.infer's
-application, tools/bench_decode.py, tools/bench_peer.py and the training job's decode-after take the
+application, tools/bench/bench_decode.py, tools/bench/bench_peer.py and the training job's decode-after take the
 target, MTP, drafter and decoders from it, and none loads or builds them by hand (a second dtype rule,
 a second way to find a drafter's MTP, a decoder built with other defaults)."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LOADS = {"placement", "load_target", "load_mtp", "load_drafter", "build_decoder"}
 CALLERS = {"dmtp/inference/compare.py": LOADS - {"build_decoder"},   # its decoders come from the engine (below)
-           "tools/bench_decode.py": LOADS, "tools/bench_peer.py": LOADS,
+           "tools/bench/bench_decode.py": LOADS, "tools/bench/bench_peer.py": LOADS,
            # decode-after holds its trained modules already; the target's own MTP, for the chain baseline beside them
            "dmtp/training/evaluate.py": {"build_decoder", "load_mtp"},
            "dmtp/serving/dmtp_loop.py": {"build_decoder"}}   # engine=dmtp (dmtp.infer, regeneration, benches)

@@ -566,7 +566,7 @@ class SpecDecoder:
         return run_round
 
     def round_fn(self, timer=None) -> Callable[[], None]:
-        """The last batch's round exactly as `generate` ran it, to run again (tools/profile_decode.py profiles
+        """The last batch's round exactly as `generate` ran it, to run again (tools/bench/profile_decode.py profiles
         its kernels). Rounds past every request's end only rewrite scratch rows: nothing read back changes."""
         if self.st is None:
             raise RuntimeError("round_fn() needs a batch: call generate() first")

@@ -242,7 +242,7 @@ def dflash_attention_mask(noise_positions: torch.Tensor, ctx_positions: torch.Te
 # [context ; every block's rows] each query would pay for every other block's keys: 512 blocks of 16 beside 2048
 # context slots make 10240 keys per query, of which ~1040 are visible. Consecutive blocks are attended in groups
 # of at most this many rows instead, each group over [context ; its own rows]: the same visible keys, 4x fewer
-# pairs at that size, for one copy of the context K/V per group (tools/bench_block_attention.py: 512 rows was
+# pairs at that size, for one copy of the context K/V per group (tools/micro/bench_block_attention.py: 512 rows was
 # the fastest of 512 / 1024 / 2048 on CPU, x4.25 the dense mask's forward + backward). Fewer rows (decoding's one
 # block) are one group; 0 turns grouping off (benchmarks compare both in one process).
 BLOCK_GROUP_ROWS = 512

@@ -1,5 +1,5 @@
-"""The one setup loader of every decoding run: `python -m dmtp.infer`, tools/bench_decode.py,
-tools/bench_peer.py and the training job's decode-after.
+"""The one setup loader of every decoding run: `python -m dmtp.infer`, tools/bench/bench_decode.py,
+tools/bench/bench_peer.py and the training job's decode-after.
 
 One piece per function, so that a caller composes what it needs and skips what it holds already (the
 training job has its target, MTP and drafter in memory and only builds decoders):

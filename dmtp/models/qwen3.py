@@ -96,7 +96,7 @@ _gqa_mode = "auto"
 
 def set_gqa_mode(mode: str) -> str:
     """Choose how `attend` handles grouped K/V heads (GQA_MODES); returns the previous mode. A process-wide
-    setting for benchmarks and tests (tools/profile_decode.py compares them); decoding never needs it."""
+    setting for benchmarks and tests (tools/bench/profile_decode.py compares them); decoding never needs it."""
     global _gqa_mode
     if mode not in GQA_MODES:
         raise ValueError(f"gqa mode must be one of {', '.join(GQA_MODES)}, got {mode!r}")

@@ -9,7 +9,7 @@ Writes a Hugging Face checkpoint directory: config.json (the family's transforme
 keys), ~1 GiB safetensors shards + model.safetensors.index.json, the MTP where the family keeps it
 (`dmtp.tiny.real_shapes`), the micro target's tokenizer (its ~2k ids are all below any real vocabulary:
 prompts encode, ids past it decode to ''), and random_target.json (what was drawn, how long it took).
-Loadable by `target.path=` in dmtp.train / dmtp.infer, by `tools/bench_decode.py --target` and by the
+Loadable by `target.path=` in dmtp.train / dmtp.infer, by `tools/bench/bench_decode.py --target` and by the
 strict MTP loader.
 
 Weights are drawn directly on --device (the GPU where there is one: no transformers init, no host-side

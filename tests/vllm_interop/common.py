@@ -8,7 +8,7 @@ for _key, _value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_C
                      "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}.items():
     os.environ.setdefault(_key, _value)
 
-SKIP_REASON = "vLLM is not installed here (bash tools/vllm_env.sh; tests/vllm_interop run in .venv-vllm)"
+SKIP_REASON = "vLLM is not installed here (bash tools/env/vllm_env.sh; tests/vllm_interop run in .venv-vllm)"
 # Engine options every served test uses: float32 like dmtp's loop (make_llm's default), no graph
 # capture, short contexts.
 ENGINE_ARGS = {"enforce_eager": True, "max_model_len": 512}

@@ -1,4 +1,4 @@
-"""vLLM interop tests: run inside .venv-vllm (`bash tools/vllm_env.sh && .venv-vllm/bin/python -m pytest -q
+"""vLLM interop tests: run inside .venv-vllm (`bash tools/env/vllm_env.sh && .venv-vllm/bin/python -m pytest -q
 tests/vllm_interop`); each module skips with one line where vLLM is not importable (the main suite).
 
 vLLM runs in this process (no engine-core subprocess: faster start, no spawn of the test runner),

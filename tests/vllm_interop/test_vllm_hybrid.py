@@ -7,7 +7,7 @@ GPU only. vLLM 0.32's CPU build cannot run it:
   inspected ... No module named 'torchvision'");
 - speculative decoding over gated DeltaNet state needs a Triton kernel (`mamba_utils.py`) that has no
   CPU path.
-`tools/gpu_check.sh` runs tests/vllm_interop wherever a CUDA build of vLLM is installed.
+`tools/env/gpu_check.sh` runs tests/vllm_interop wherever a CUDA build of vLLM is installed.
 """
 from __future__ import annotations
 

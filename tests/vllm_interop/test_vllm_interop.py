@@ -173,7 +173,7 @@ def test_dflash2_export_in_vllm(vllm_target, vllm_tokenizer, vllm_target_dir, in
 
 
 def test_bench_vllm_compares_both_engines_losslessly(vllm_target_dir, raw_drafter_dir, dmtp_drafter_dir, tmp_path):
-    """tools/bench_vllm.py (BENCHMARKS.md's vLLM table): every method in both engines at each batch size,
+    """tools/bench/bench_vllm.py (BENCHMARKS.md's vLLM table): every method in both engines at each batch size,
     every output equal to dmtp's AR, ratios over each engine's own AR and over the first drafter."""
     import importlib.util
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-VLLM_MISSING = ("vLLM is not installed in this environment: `bash tools/vllm_env.sh` makes .venv-vllm/ "
+VLLM_MISSING = ("vLLM is not installed in this environment: `bash tools/env/vllm_env.sh` makes .venv-vllm/ "
                 "(CPU), `pip install -e \".[vllm]\"` on GPUs (see README, Serving with vLLM)")
 
 

@@ -1,9 +1,9 @@
 """Data at scale, measured: regeneration shared out over workers, feature capture, cache-fed training.
 
-    python tools/bench_data.py [--preset micro|tiny] [--prompts 256] [--steps 20] [--out bench_data.json]
-    python tools/bench_data.py --target DIR --device cuda --skip-regen [--rows 16 --seq-len 2048 --batch 2]
+    python tools/bench/bench_data.py [--preset micro|tiny] [--prompts 256] [--steps 20] [--out bench_data.json]
+    python tools/bench/bench_data.py --target DIR --device cuda --skip-regen [--rows 16 --seq-len 2048 --batch 2]
         # a real-shape target (dmtp.tiny.random_target): capture and cache-fed training at its shapes, bf16-mixed
-        # with the experiments' drafter (5 layers, 5 taps, 512 anchors); tools/gpu_check.sh's realsize_train runs it
+        # with the experiments' drafter (5 layers, 5 taps, 512 anchors); tools/env/gpu_check.sh's realsize_train runs it
 
 1. regeneration: the target's greedy responses to `--prompts` prompts (`--new-tokens` each, batches of 64) written
    by 1 worker process, then by 2 worker processes at once (dmtp.datagen.regenerate.write_share, each its own
@@ -32,7 +32,7 @@ import torch
 
 from dmtp.bench.args import write_report
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _prompts(preset: str, n: int, length: int) -> tuple[str, list[list[int]]]:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU day check: one prepared call on a lent CUDA machine, which has NO network (BENCHMARKS.md, "GPU day").
-# Here first, with PyPI reachable:   bash tools/gpu_wheelhouse.sh          (-> gpu_wheels/, ignored by git)
-# Then, on the machine:              run(command="bash tools/gpu_check.sh", carry=["gpu_wheels"], timeout_s=540)
+# Here first, with PyPI reachable:   bash tools/env/gpu_wheelhouse.sh          (-> gpu_wheels/, ignored by git)
+# Then, on the machine:              run(command="bash tools/env/gpu_check.sh", carry=["gpu_wheels"], timeout_s=540)
 #
 # Steps, each under its own timeout; a step that fails is reported and the next one runs:
 #   install  the wheelhouse offline (--no-index --find-links gpu_wheels: what the image lacks, fallbacks for
@@ -13,38 +13,38 @@
 #   tests    python -m pytest -m gpu tests: graphs == eager tokens and accepted lengths for every method,
 #            sampling under graphs, the hybrid and DeepSeek/GLM runners under graphs, flash-attn and the
 #            fla/causal-conv1d kernels where installed (skip reasons listed)
-#   bench    tools/bench_decode.py on the micro target, CUDA graphs on, then off
-#   trained  where gpu_wheels/trained/ was carried (GPU_TRAINED_* in gpu_wheelhouse.sh): tools/bench_decode.py on
+#   bench    tools/bench/bench_decode.py on the micro target, CUDA graphs on, then off
+#   trained  where gpu_wheels/trained/ was carried (GPU_TRAINED_* in gpu_wheelhouse.sh): tools/bench/bench_decode.py on
 #            that trained target and its drafters, CUDA graphs on, batch 1 and all prompts at 8 / 32
-#   peer     tools/bench_peer.py: the reference dflash_generate vs our loop (eager and CUDA graphs) on the
+#   peer     tools/bench/bench_peer.py: the reference dflash_generate vs our loop (eager and CUDA graphs) on the
 #            same untrained raw DFlash drafter; identical greedy tokens
 #   realsize (not in the default list: GPU_CHECK_STEPS="realsize" runs it alone, ~6.5 min on an H200 by estimate)
 #            a Qwen3-8B-shaped random target drawn on the GPU into /dev/shm (dmtp.tiny.random_target; kept
 #            for a rerun while the machine is warm), then, each its own timed sub-step, into realsize.txt:
-#            rs_table   tools/profile_decode.py: memory floor, ms per round and per stage of AR, MTP415, raw
+#            rs_table   tools/bench/profile_decode.py: memory floor, ms per round and per stage of AR, MTP415, raw
 #                       DFlash and DMTP with a published-size random drafter (5 layers, 5 taps, block 16),
 #                       batch 1 / 8 / 32, context 256, CUDA graphs, bf16
-#            rs_peer    tools/bench_peer.py --dtype bfloat16: the reference dflash_generate (one request at a
+#            rs_peer    tools/bench/bench_peer.py --dtype bfloat16: the reference dflash_generate (one request at a
 #                       time) vs our loop on the same target and drafter, and AR vs transformers generate()
 #            rs_context AR at batch 1 and 32, contexts 256 / 2k / 8k, GQA repeat (the old K/V copy) vs grouped
 #            rs_kernels per-kernel time of one AR step and one verify round (torch.profiler), batch 1
-#            rs_attention one attention call per GQA mode at 8B attention shapes (tools/bench_attention.py), and
+#            rs_attention one attention call per GQA mode at 8B attention shapes (tools/micro/bench_attention.py), and
 #                       the drafter's forward with its context cache copied vs attended in place (bench_drafter_kv.py)
-#            rs_train   realsize_train: tools/bench_block_attention.py (the drafter's training attention, dense
-#                       mask vs groups of blocks), then tools/bench_train_scale.py, 20 FSDP training steps at 8B
+#            rs_train   realsize_train: tools/micro/bench_block_attention.py (the drafter's training attention, dense
+#                       mask vs groups of blocks), then tools/bench/bench_train_scale.py, 20 FSDP training steps at 8B
 #                       shapes for DMTP and raw DFlash (~3-4 min by estimate: its own call, GPU_CHECK_STEPS="realsize_train")
-#            rs_data    in realsize_train's call, after it: tools/bench_data.py --target at 8B shapes: the feature
+#            rs_data    in realsize_train's call, after it: tools/bench/bench_data.py --target at 8B shapes: the feature
 #                       cache's capture (bf16, fp8: bytes/s, B/token) of 16 rows x 2048 tokens, and training steps/s
 #                       fed by the bf16 cache vs by the target's forward (bf16-mixed, 5-layer drafter, 512 anchors)
 #   issue41  (not in the default list: GPU_CHECK_STEPS="issue41", one call, ~5 min by estimate) the Qwen3-8B-shaped
 #            random target (rs_target, reused when warm), then into issue41.txt:
-#            vl_tables  tools/bench_verify_length.py --tables-only: verify_length=auto's cost table T(L), a round at
+#            vl_tables  tools/bench/bench_verify_length.py --tables-only: verify_length=auto's cost table T(L), a round at
 #                       each L = 0..7 captured as its own CUDA graph and timed (bf16, batch 1 / 8 / 32, a random
 #                       published-size DSpark drafter at block 8), and the L the policy picks from each table for the
 #                       survival the tiny target's trained DSpark drafter had on CPU (GPU_VL_SURVIVAL)
 #            vl_trained where gpu_wheels/trained/ was carried with drafters that predict acceptance (DSpark, DMTP):
 #                       auto vs the full block vs AR, tok/s at batch 1 / 8 / 32, CUDA graphs, fp32, interleaved
-#            lc_context tools/bench_long_context.py: a round's ms, the drafter's and the verify's apart, at
+#            lc_context tools/bench/bench_long_context.py: a round's ms, the drafter's and the verify's apart, at
 #                       contexts GPU_LC_CONTEXTS (2k 8k 32k 64k), batch 1, raw DFlash and DMTP published-size random
 #                       drafters with full layers and the same with every layer a sliding window (GPU_LC_WINDOW, 2048)
 #            Knobs: GPU_REALSIZE_DIR (/dev/shm/dmtp_realsize), GPU_REALSIZE_SHAPE_ARGS (extra
@@ -58,7 +58,7 @@
 # runs); GPU_CHECK_TIME_SCALE=4 stretches every timeout (a CPU rehearsal); PYTHON (default python3);
 # GPU_WHEELS (default gpu_wheels).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 out="${OUT:-${1:-gpu_check_out}}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
@@ -183,7 +183,7 @@ gpu_tests() {
 bench_decode() {   # $1: "" (CUDA graphs on) or --no-cuda-graphs
     local name=bench${1:+_eager}
     echo "== bench_decode ${1:-(CUDA graphs on)}"
-    "$PY" tools/bench_decode.py --preset micro --random-drafters raw_dflash,dual_anchor_zero_init \
+    "$PY" tools/bench/bench_decode.py --preset micro --random-drafters raw_dflash,dual_anchor_zero_init \
         --num-prompts 8 --max-new-tokens 64 --batch-size 8 $1 --out "$work/$name.json"
 }
 
@@ -191,7 +191,7 @@ bench_trained() {   # a trained target's drafters: tau means something here (the
     local drafters=() d
     for d in "$WHEELS"/trained/drafters/*/; do drafters+=(--drafter "${d%/}"); done
     echo "== bench_decode on the carried trained target, CUDA graphs on (if CUDA)"
-    "$PY" tools/bench_decode.py --target "$WHEELS/trained/target" "${drafters[@]}" --num-prompts 8 \
+    "$PY" tools/bench/bench_decode.py --target "$WHEELS/trained/target" "${drafters[@]}" --num-prompts 8 \
         --max-new-tokens 128 --batch-size 1 --throughput-batch-sizes 8 32 --reps 2 ${GPU_TRAINED_DTYPE:+--dtype $GPU_TRAINED_DTYPE} \
         --out "$work/bench_trained${GPU_TRAINED_DTYPE:+_$GPU_TRAINED_DTYPE}.json"
 }
@@ -200,7 +200,7 @@ bench_peer() {
     local dev graphs=""
     dev=$("$PY" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
     [ "$dev" = cuda ] && graphs=--cuda-graphs
-    "$PY" tools/bench_peer.py --preset micro --random-drafter --device "$dev" $graphs --num-prompts 2 \
+    "$PY" tools/bench/bench_peer.py --preset micro --random-drafter --device "$dev" $graphs --num-prompts 2 \
         --max-new-tokens 64 --reps 2 --hf-batch-sizes 1 8 --out "$work/bench_peer.json"
 }
 
@@ -218,7 +218,7 @@ rs_target() {   # drawn on the GPU, ~1 GiB shards to /dev/shm; reused when a war
 }
 
 rs_table() {    # the batch table: every method, each batch, context 256, CUDA graphs, bf16
-    "$PY" tools/profile_decode.py --target "$RS_DIR" --dtype bfloat16 $RS_DRAFTER \
+    "$PY" tools/bench/profile_decode.py --target "$RS_DIR" --dtype bfloat16 $RS_DRAFTER \
         --methods ar,mtp415,raw_dflash,dual_anchor_zero_init --batch-sizes $RS_BATCHES --contexts 256 \
         --new-tokens 48 --kernels 0 --out "$work/realsize_table.json"
 }
@@ -227,7 +227,7 @@ rs_peer() {     # the reference loop on the same target and drafter size, bf16, 
     local dev graphs=""
     dev=$("$PY" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
     [ "$dev" = cuda ] && graphs=--cuda-graphs
-    "$PY" tools/bench_peer.py --target "$RS_DIR" --random-drafter $RS_DRAFTER --dtype bfloat16 --device "$dev" \
+    "$PY" tools/bench/bench_peer.py --target "$RS_DIR" --random-drafter $RS_DRAFTER --dtype bfloat16 --device "$dev" \
         $graphs --domains code,math --num-prompts 1 --max-new-tokens 64 --reps 1 --temperature 0 --hf-batch-sizes 1 \
         --out "$work/realsize_peer.json"
 }
@@ -235,7 +235,7 @@ rs_peer() {     # the reference loop on the same target and drafter size, bf16, 
 rs_context() {  # attention reads per request length: AR batch 1 vs 32 at each context, the old K/V copy vs none
     local batches b
     batches=$(for b in $RS_BATCHES; do echo "$b"; done | sort -n | sed -n '1p;$p' | sort -nu | tr '\n' ' ')
-    "$PY" tools/profile_decode.py --target "$RS_DIR" --dtype bfloat16 --methods ar --batch-sizes $batches \
+    "$PY" tools/bench/profile_decode.py --target "$RS_DIR" --dtype bfloat16 --methods ar --batch-sizes $batches \
         --contexts $RS_CONTEXTS --gqa-modes repeat grouped --new-tokens 24 --kernels 0 --out "$work/realsize_context.json"
 }
 
@@ -243,16 +243,16 @@ rs_attention() {   # one attention call per GQA mode at 8B attention shapes: the
     local dev dtype=float32
     dev=$("$PY" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
     [ "$dev" = cuda ] && dtype=bfloat16
-    "$PY" tools/bench_attention.py --device "$dev" --dtype "$dtype" --batch-sizes $RS_BATCHES --rows 1 16 \
+    "$PY" tools/micro/bench_attention.py --device "$dev" --dtype "$dtype" --batch-sizes $RS_BATCHES --rows 1 16 \
         --slots $RS_CONTEXTS --out "$work/realsize_attention.json"
     # The published-size drafter's forward with its context cache copied per round vs attended in place.
     local hidden=4096; [ "$dev" = cuda ] || hidden=64
-    "$PY" tools/bench_drafter_kv.py --device "$dev" --dtype "$dtype" --hidden "$hidden" --batch-sizes $RS_BATCHES \
+    "$PY" tools/micro/bench_drafter_kv.py --device "$dev" --dtype "$dtype" --hidden "$hidden" --batch-sizes $RS_BATCHES \
         --contexts $RS_CONTEXTS --out "$work/realsize_drafter_kv.json"
 }
 
 rs_kernels() {  # per-kernel time of one AR step and one verify round of raw DFlash and DMTP, batch 1, context 256
-    "$PY" tools/profile_decode.py --target "$RS_DIR" --dtype bfloat16 $RS_DRAFTER \
+    "$PY" tools/bench/profile_decode.py --target "$RS_DIR" --dtype bfloat16 $RS_DRAFTER \
         --methods ar,raw_dflash,dual_anchor_zero_init --batch-sizes 1 --contexts 256 --new-tokens 16 \
         --kernels 30 --kernel-rounds 8 --out "$work/realsize_kernels.json"
 }
@@ -268,18 +268,18 @@ realsize_train() {
     local dir; dir=$(dirname "$RS_DIR")
     # The drafter's training attention alone first (seconds): one dense mask against blocks attended in groups.
     if "$PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then   # a CPU rehearsal skips it
-        "$PY" tools/bench_block_attention.py --device cuda --dtype bfloat16 --out "$work/block_attention.json"
+        "$PY" tools/micro/bench_block_attention.py --device cuda --dtype bfloat16 --out "$work/block_attention.json"
     fi
-    "$PY" tools/bench_train_scale.py --target "$RS_DIR" --steps 20 --checkpoint-every 10 --profile-steps 2 --workdir "$dir" \
+    "$PY" tools/bench/bench_train_scale.py --target "$RS_DIR" --steps 20 --checkpoint-every 10 --profile-steps 2 --workdir "$dir" \
         $RS_TRAIN_ARGS --out "$work/realsize_train.json"
 }
 
 export -f install probe build_target gpu_tests bench_decode bench_trained bench_peer pip_offline
-# rs_data: capture and cache-fed training at 8B shapes (tools/bench_data.py; its caches in a temporary DMTP_HOME
+# rs_data: capture and cache-fed training at 8B shapes (tools/bench/bench_data.py; its caches in a temporary DMTP_HOME
 # under /tmp: ~1.6 GB of bf16 features for 32k tokens).
 RS_DATA_LIMIT=${GPU_REALSIZE_DATA_LIMIT:-100}
 rs_data() {
-    "$PY" tools/bench_data.py --target "$RS_DIR" --device cuda --skip-regen --rows 16 --seq-len 2048 --batch 2 \
+    "$PY" tools/bench/bench_data.py --target "$RS_DIR" --device cuda --skip-regen --rows 16 --seq-len 2048 --batch 2 \
         --steps 10 --out "$work/bench_data.json"
 }
 
@@ -289,18 +289,18 @@ VL_SURVIVAL="${GPU_VL_SURVIVAL:-0.87 0.76 0.55 0.46 0.42 0.35 0.27}"   # the CPU
 LC_CONTEXTS="${GPU_LC_CONTEXTS:-2048 8192 32768 65536}"
 LC_WINDOW="${GPU_LC_WINDOW:-2048}"
 vl_tables() {
-    "$PY" tools/bench_verify_length.py --target "$RS_DIR" --random-dspark $RS_DRAFTER --random-block-size 8 \
+    "$PY" tools/bench/bench_verify_length.py --target "$RS_DIR" --random-dspark $RS_DRAFTER --random-block-size 8 \
         --dtype bfloat16 --cuda-graphs --tables-only --batch-sizes $RS_BATCHES --what-if $VL_SURVIVAL \
         --out "$work/verify_length_tables.json"
 }
 vl_trained() {   # a trained target's drafters: tau means something here
     local drafters=() d
     for d in "$WHEELS"/trained/drafters/*/; do drafters+=(--drafter "${d%/}"); done
-    "$PY" tools/bench_verify_length.py --target "$WHEELS/trained/target" "${drafters[@]}" --mtp415 --dtype float32 \
+    "$PY" tools/bench/bench_verify_length.py --target "$WHEELS/trained/target" "${drafters[@]}" --mtp415 --dtype float32 \
         --cuda-graphs --batch-sizes $RS_BATCHES --reps 2 --out "$work/verify_length_trained.json"
 }
 lc_context() {
-    "$PY" tools/bench_long_context.py --target "$RS_DIR" --random-drafters raw_dflash,dual_anchor_zero_init \
+    "$PY" tools/bench/bench_long_context.py --target "$RS_DIR" --random-drafters raw_dflash,dual_anchor_zero_init \
         $RS_DRAFTER --window "$LC_WINDOW" --dtype bfloat16 --cuda-graphs --contexts $LC_CONTEXTS --batch-sizes 1 \
         --rounds 8 --out "$work/long_context.json"
 }

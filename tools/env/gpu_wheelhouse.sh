@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The wheels that tools/gpu_check.sh installs on a lent GPU machine, which has no network. Run HERE
+# The wheels that tools/env/gpu_check.sh installs on a lent GPU machine, which has no network. Run HERE
 # (with PyPI reachable), from the repo root, before the GPU call:
-#   bash tools/gpu_wheelhouse.sh [DIR]        # DIR defaults to gpu_wheels/ (ignored by git)
+#   bash tools/env/gpu_wheelhouse.sh [DIR]        # DIR defaults to gpu_wheels/ (ignored by git)
 # then name DIR in the call's `carry` (BENCHMARKS.md, "GPU day").
 #
 # Target: the GPU image's python3, CPython 3.12 (3.12.3 at /opt/torch/.venv, as sessions saw it in 2026-11;
@@ -14,7 +14,7 @@
 #                                                   antlr4 4.9.3 (omegaconf pins 4.9.*) is an sdist
 #                                                   only: built into a py3-none-any wheel here.
 #   flash-linear-attention + fla-core               the Gated DeltaNet Triton kernels (hybrid runner).
-#   dflash==0.1.0                                   the reference loop for tools/bench_peer.py and the
+#   dflash==0.1.0                                   the reference loop for tools/bench/bench_peer.py and the
 #                                                   interop tests; installed --no-deps: its pins (tqdm,
 #                                                   datasets, requests) serve its own CLI benchmark,
 #                                                   and dflash.model imports only torch + transformers.

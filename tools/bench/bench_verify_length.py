@@ -2,9 +2,9 @@
 target-only AR, at several batch sizes, interleaved in one process (absolute times drift on a shared machine: read
 the ratios of one run).
 
-    OMP_NUM_THREADS=1 python tools/bench_verify_length.py --drafter <DSpark run>/drafter [--drafter ...] \
+    OMP_NUM_THREADS=1 python tools/bench/bench_verify_length.py --drafter <DSpark run>/drafter [--drafter ...] \
         [--mtp415] --batch-sizes 1 8 32 --reps 3 --out verify_length.json
-    python tools/bench_verify_length.py --target /dev/shm/qwen3-8b-random --random-dspark --random-drafter-preset \
+    python tools/bench/bench_verify_length.py --target /dev/shm/qwen3-8b-random --random-dspark --random-drafter-preset \
         dflash-qwen3-8b --dtype bfloat16 --cuda-graphs --tables-only --what-if 0.73 0.54 0.43 0.34 0.30 0.25 0.22
 
 Per batch size and method: tok/s of the full block, of auto and of AR (median and best over --reps, interleaved;

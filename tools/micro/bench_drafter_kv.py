@@ -13,8 +13,8 @@ published drafter by default (5 layers, 32 query / 8 K/V heads x 128, block 16),
 that a CPU holds and runs it: the bytes that grow with the context are all K/V, whatever the hidden size.
 Every request's context is --contexts long; the forward attends the loop's span (context + block + 1 slots).
 
-    python tools/bench_drafter_kv.py --threads 1                     # CPU, fp32, batch 8 x 1024 slots
-    python tools/bench_drafter_kv.py --device cuda --dtype bfloat16 --hidden 4096 --batch-sizes 1 32 --contexts 2048 8192
+    python tools/micro/bench_drafter_kv.py --threads 1                     # CPU, fp32, batch 8 x 1024 slots
+    python tools/micro/bench_drafter_kv.py --device cuda --dtype bfloat16 --hidden 4096 --batch-sizes 1 32 --contexts 2048 8192
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """How close the MTP's proposals are to the target, native and through drafters' MTP corrections (issue 40).
 
-    OMP_NUM_THREADS=1 python tools/mtp_agreement.py --drafter <run>/drafter [--drafter ...] [--temperatures 1 0.6]
+    OMP_NUM_THREADS=1 python tools/studies/mtp_agreement.py --drafter <run>/drafter [--drafter ...] [--temperatures 1 0.6]
 
 On the held-out prompts of each domain (the evaluation protocol's: test split, 32 x 64 tokens) followed by the
 target's own greedy continuation (128 tokens), at every continuation position: the MTP's greedy agreement with the

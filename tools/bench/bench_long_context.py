@@ -2,9 +2,9 @@
 a drafter whose layers attend every context row against the same drafter with sliding-window layers, which
 decodes from a ring bounded by its window (dmtp/drafters/window_cache.py), beside target-only AR.
 
-    OMP_NUM_THREADS=1 python tools/bench_long_context.py --drafter <run>/drafter --window 64 \
+    OMP_NUM_THREADS=1 python tools/bench/bench_long_context.py --drafter <run>/drafter --window 64 \
         --contexts 256 1024 4096 16384 32768 --batch-sizes 1
-    python tools/bench_long_context.py --target /dev/shm/qwen3-8b-random \
+    python tools/bench/bench_long_context.py --target /dev/shm/qwen3-8b-random \
         --random-drafters raw_dflash,dual_anchor_zero_init \
         --random-drafter-preset dflash-qwen3-8b --window 2048 --dtype bfloat16 --cuda-graphs \
         --contexts 2048 8192 32768 65536 --batch-sizes 1
@@ -15,7 +15,7 @@ whatever they hold; no prefill of C tokens is run, so contexts far past what a p
 are reachable). Then --rounds rounds are timed after --warmup (per stage: drafter = draft + context append,
 mtp = the MTP's chain and catch-up, verify); greedy. Timings only: the drafts mean nothing at these contexts.
 `--window W` adds, for every drafter, a copy whose layers are all sliding-window layers of W (decode-time; the
-tau that costs is tools/window_tau.py's).
+tau that costs is tools/studies/window_tau.py's).
 """
 from __future__ import annotations
 

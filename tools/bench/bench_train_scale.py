@@ -5,7 +5,7 @@ phase by phase on the device's clock (target forward, MTP chain, drafter forward
 between steps: `PhaseClock`), beside the top kernels of `--profile-steps`.
 
     python -m dmtp.tiny.random_target --shape qwen3-8b --out /dev/shm/qwen3-8b      # random weights, real shapes
-    python tools/bench_train_scale.py --target /dev/shm/qwen3-8b [--steps 20] [--seq-len 2048] [--batch 2] \\
+    python tools/bench/bench_train_scale.py --target /dev/shm/qwen3-8b [--steps 20] [--seq-len 2048] [--batch 2] \\
         [--anchors 512] [--injections dual_anchor_zero_init,raw_dflash] [--peak-tflops 790] [--profile-steps 3] \\
         [--out train.json]
 

@@ -6,10 +6,10 @@
 # change the torch the rest of the toolkit is tested with. GPU users install the `vllm` extra instead
 # (`pip install -e ".[vllm]"`), which pulls the CUDA build.
 #
-# Usage: bash tools/vllm_env.sh            (idempotent: a working .venv-vllm is kept as it is)
+# Usage: bash tools/env/vllm_env.sh            (idempotent: a working .venv-vllm is kept as it is)
 #        .venv-vllm/bin/python -m pytest -q tests/vllm_interop
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 VENV=${DMTP_VLLM_VENV:-.venv-vllm}
 PY=${PYTHON:-python3}
 export PIP_DISABLE_PIP_VERSION_CHECK=1

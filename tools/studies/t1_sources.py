@@ -2,7 +2,7 @@
 correction if it has one) against the first slot of a raw block drafter (DSpark's, with its Markov head from A),
 and what choosing between them by their confidence would give, on the same positions.
 
-    OMP_NUM_THREADS=1 python tools/t1_sources.py --dmtp <DMTP drafter dir> --block <raw DSpark / DFlash drafter dir>
+    OMP_NUM_THREADS=1 python tools/studies/t1_sources.py --dmtp <DMTP drafter dir> --block <raw DSpark / DFlash drafter dir>
 
 On the evaluation protocol's held-out prompts followed by the target's greedy continuation, at every continuation
 position a (A = x_a): each source's greedy T1 against the target's token x_{a+1} (what greedy verification accepts),

@@ -1,6 +1,6 @@
 """Training step time per injection variant, relative to raw_dflash, on one fixed batch.
 
-    python tools/bench_train.py [--target tiny|micro] [--steps 10] [--batch 8] [--seq-len 256]
+    python tools/bench/bench_train.py [--target tiny|micro] [--steps 10] [--batch 8] [--seq-len 256]
 
 Every variant runs the same batch, anchors and drafter depth in one process, interleaved by round
 so that machine noise hits all of them alike; the table reports median ms per optimizer step.

@@ -1,6 +1,6 @@
 """Per-round verify cost on MoE targets: the exact recompute runner vs the static-cache runners.
 
-    OMP_NUM_THREADS=1 python tools/bench_moe_runners.py [--hidden 256 --layers 4 --contexts 128 512 2048 --reps 5]
+    OMP_NUM_THREADS=1 python tools/bench/bench_moe_runners.py [--hidden 256 --layers 4 --contexts 128 512 2048 --reps 5]
 
 Random-weight DeepSeek-V3-shaped (MLA + sigmoid group-limited MoE) and GLM-4-MoE-shaped (GQA with partial
 rotary + the same MoE) models, first layer dense as in the releases. At each context length, one process

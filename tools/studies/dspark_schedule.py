@@ -1,7 +1,7 @@
 """Confidence-scheduled verification (issue 36): tau, candidates verified per round and tok/s of DSpark
 drafters at several confidence thresholds and batch sizes, beside target-only AR, in one process.
 
-    OMP_NUM_THREADS=1 python tools/dspark_schedule.py --drafter <run>/drafter [--drafter ...] \
+    OMP_NUM_THREADS=1 python tools/studies/dspark_schedule.py --drafter <run>/drafter [--drafter ...] \
         --thresholds 0 0.3 0.5 0.7 --batch-sizes 1 8 32 --out schedule.json
 
 Greedy, the embedded held-out prompts of every domain (as dmtp.infer), decoded together at each batch size.

@@ -10,9 +10,9 @@ Every system decodes the same held-out prompts; the systems run interleaved, --r
 process, and the table gives medians (tok/s = output tokens / wall time, prefill included; compile
 time apart). Needs the reference package: `pip install --no-deps dflash==0.1.0`.
 
-    python tools/bench_peer.py --drafter <raw DFlash run>/drafter --compile
-    python tools/bench_peer.py --preset micro --random-drafter --device cuda --cuda-graphs   # a bare GPU machine
-    python tools/bench_peer.py --target /dev/shm/qwen3-8b-random --random-drafter --random-drafter-preset dflash-qwen3-8b \
+    python tools/bench/bench_peer.py --drafter <raw DFlash run>/drafter --compile
+    python tools/bench/bench_peer.py --preset micro --random-drafter --device cuda --cuda-graphs   # a bare GPU machine
+    python tools/bench/bench_peer.py --target /dev/shm/qwen3-8b-random --random-drafter --random-drafter-preset dflash-qwen3-8b \
         --dtype bfloat16 --device cuda --cuda-graphs     # real shapes (random weights: timings only)
 """
 from __future__ import annotations

@@ -5,13 +5,13 @@
 * our AR runner against transformers' `generate()` on the same target and prompts;
 * with several `--verification` modes, every method decoded under each of them, side by side.
 
-    python tools/bench_decode.py --drafter outputs/train/runs/A/drafter --drafter outputs/train/runs/B/drafter
-    python tools/bench_decode.py --preset micro --random-drafters raw_dflash,dual_anchor_zero_init   # plumbing check
-    python tools/bench_decode.py --target /dev/shm/qwen3-8b-random --random-drafters raw_dflash,dual_anchor_zero_init \
+    python tools/bench/bench_decode.py --drafter outputs/train/runs/A/drafter --drafter outputs/train/runs/B/drafter
+    python tools/bench/bench_decode.py --preset micro --random-drafters raw_dflash,dual_anchor_zero_init   # plumbing check
+    python tools/bench/bench_decode.py --target /dev/shm/qwen3-8b-random --random-drafters raw_dflash,dual_anchor_zero_init \
         --random-drafter-preset dflash-qwen3-8b --dtype bfloat16   # real shapes: timings real, tau meaningless
-    python tools/bench_decode.py --drafter <raw D> --drafter <DMTP D> --temperature 1 \
+    python tools/bench/bench_decode.py --drafter <raw D> --drafter <DMTP D> --temperature 1 \
         --verification target_only rejection block      # tau and tok/s of each verification rule
-    python tools/bench_decode.py --drafter <multi D>@num_mtp_tokens=1 --drafter <multi D>@mtp_threshold=0.7
+    python tools/bench/bench_decode.py --drafter <multi D>@num_mtp_tokens=1 --drafter <multi D>@mtp_threshold=0.7
         # one drafter under several decoding-time injection options (labelled variant[k=v]);
         # DIR@block_size=8 verifies a shorter block than the drafter was trained with
 

@@ -7,10 +7,10 @@ the first drafter's (give raw DFlash first: DMTP / raw DFlash inside each engine
 equal to dmtp's AR (lossless in both engines). The engines alternate per batch size, so a drift of the
 machine spreads over both; vLLM is timed around its batch call after one warm-up call per engine.
 
-    .venv-vllm/bin/python tools/bench_vllm.py --drafter RAW/drafter --drafter DMTP/drafter \\
+    .venv-vllm/bin/python tools/bench/bench_vllm.py --drafter RAW/drafter --drafter DMTP/drafter \\
         --batch-sizes 1 8 32 --num-prompts 32 --out vllm_bench.json
 
-Runs in the vLLM environment (bash tools/vllm_env.sh). vLLM's batch size is its max_num_seqs (all prompts
+Runs in the vLLM environment (bash tools/env/vllm_env.sh). vLLM's batch size is its max_num_seqs (all prompts
 are submitted at once: continuous batching up to the cap); dmtp's is the loop's static batch.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 the whole context against the same drafters with sliding-window layers, on the embedded target's longest
 prompts (its pretraining sequences are 256 tokens: 192-token prompts and 64 new tokens fill them).
 
-    OMP_NUM_THREADS=1 python tools/window_tau.py --drafter <full run>/drafter --drafter <windowed run>/drafter \
+    OMP_NUM_THREADS=1 python tools/studies/window_tau.py --drafter <full run>/drafter --drafter <windowed run>/drafter \
         --windows 64 32 16 --prompt-tokens 192 --max-new-tokens 64 --out window_tau.json
 
 Each drafter as trained (its own layer types), then for each --windows W a decode-time copy whose layers are

@@ -4,8 +4,8 @@ with and without OMP_WAIT_POLICY=PASSIVE, on an idle machine and with one core k
 process. Each configuration runs in a fresh subprocess (OpenMP reads its settings once, when torch
 loads), for a few seconds, interleaved over rounds (a drift in the machine's state spreads over all).
 
-    python tools/bench_threads.py                                  # micro and tiny, 3 rounds of 4 s each
-    python tools/bench_threads.py --presets micro --rounds 1 --seconds 2 --json out.json
+    python tools/bench/bench_threads.py                                  # micro and tiny, 3 rounds of 4 s each
+    python tools/bench/bench_threads.py --presets micro --rounds 1 --seconds 2 --json out.json
 
 Prints a table (median steps/s over rounds per configuration, and busy / idle) and writes JSON. The rule
 of `threads=auto` (dmtp/threads.py) is set from these figures; they mean something only on a machine that
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BUSY_LOOP = "while True:\n    pass\n"   # one core kept busy, as another process would
 
 

@@ -1,6 +1,6 @@
 """What exact verification costs on a hybrid (gated-DeltaNet + full attention) target, per round.
 
-    python tools/bench_hybrid.py [--hidden 256 --layers 8 --contexts 128 512 2048 8192 --reps 5]
+    python tools/bench/bench_hybrid.py [--hidden 256 --layers 8 --contexts 128 512 2048 8192 --reps 5]
 
 A random-weight Qwen3.5 text model (3 linear-attention layers to 1 full-attention layer, as the
 released models) is timed at several context lengths, with 8 verify rows (1 + 7 drafts), one process,

@@ -4,8 +4,8 @@ dense mask over every block's rows, as before), interleaved in one process: ms (
 computed, and the largest difference from the dense mask. Qwen3-8B's heads and the experiment's training shapes by
 default (2 rows of 2048 tokens, 512 anchors, blocks of 16, sorted anchors as training draws them).
 
-    python tools/bench_block_attention.py --device cuda --dtype bfloat16                       # 8B shapes
-    python tools/bench_block_attention.py --heads 4 --kv-heads 1 --batch 1 --blocks 256        # a CPU-sized case
+    python tools/micro/bench_block_attention.py --device cuda --dtype bfloat16                       # 8B shapes
+    python tools/micro/bench_block_attention.py --heads 4 --kv-heads 1 --batch 1 --blocks 256        # a CPU-sized case
 """
 from __future__ import annotations
 

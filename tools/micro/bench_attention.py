@@ -2,8 +2,8 @@
 grouped-query mode of `dmtp.models.qwen3.attend`, interleaved in one process: ms (median) and the largest
 difference from `repeat` (the old K/V copy). Qwen3-8B's attention shapes by default (32 query / 8 K/V heads x 128).
 
-    python tools/bench_attention.py                                   # CPU, fp32
-    python tools/bench_attention.py --device cuda --dtype bfloat16 --batch-sizes 1 32 --slots 256 8192
+    python tools/micro/bench_attention.py                                   # CPU, fp32
+    python tools/micro/bench_attention.py --device cuda --dtype bfloat16 --batch-sizes 1 32 --slots 256 8192
 """
 from __future__ import annotations
 

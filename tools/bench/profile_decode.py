@@ -9,9 +9,9 @@
    --kernel-rounds replays of the round as decoding runs it: CUDA graphs on CUDA, eager on CPU), top
    --kernels by device time (CPU: by self CPU time).
 
-    python tools/profile_decode.py --target /dev/shm/qwen3-8b-random --methods ar,raw_dflash,dual_anchor_zero_init \
+    python tools/bench/profile_decode.py --target /dev/shm/qwen3-8b-random --methods ar,raw_dflash,dual_anchor_zero_init \
         --random-drafter-preset dflash-qwen3-8b --batch-sizes 1 32 --contexts 256 2048 8192 --gqa-modes repeat grouped
-    python tools/profile_decode.py --preset micro --batch-sizes 1 --contexts 64 --kernel-rounds 4   # CPU rehearsal
+    python tools/bench/profile_decode.py --preset micro --batch-sizes 1 --contexts 64 --kernel-rounds 4   # CPU rehearsal
 
 Random prompts (token ids below the tokenizer's vocabulary) of exactly each context length; greedy.
 Random drafters: acceptance means nothing, the timings are real. The report (--out) keeps every figure.
