@@ -23,7 +23,7 @@ from dmtp.drafters.block_drafter import fresh_drafter_for, load_block_drafter
 from dmtp.drafters.checkpoint import save_drafter
 from dmtp.drafters.dflash import DFlashConfig, DFlashDrafter
 from dmtp.models.target import TargetModel
-from dmtp.training.datamodule import read_records
+from dmtp.data.sources.files import read_files
 from dmtp.runs.guards import NonFiniteError
 from dmtp.training.components import build_components
 from dmtp.training.job import train
@@ -272,9 +272,9 @@ def test_training_data_errors_name_the_option_or_the_file(tmp_path, monkeypatch,
     empty.write_text("\n")
     binary.write_bytes(bytes(range(256)) * 4)
     with pytest.raises(ValueError, match=f"training data file {empty} holds no records"):
-        read_records([str(empty)])
+        read_files([str(empty)])
     with pytest.raises(ValueError, match=f"training data file {binary} is not UTF-8 text"):
-        read_records([str(binary)])
+        read_files([str(binary)])
 
 
 # ---------------------------------------------------------------------------------------------------

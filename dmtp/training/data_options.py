@@ -16,10 +16,10 @@ from omegaconf import OmegaConf
 from dmtp.configs import records_from_flat
 from dmtp.data.corpora import DOMAINS
 from dmtp.data.evalsets import EVAL_SETS
+from dmtp.data.sources import source_named
 from dmtp.datagen.feature_spec import FeatureSpec
 from dmtp.datagen.regenerate import RegenSettings
 
-SOURCES = ("embedded", "files", "hf")
 
 
 def _plain(value):
@@ -47,13 +47,9 @@ class SourceOptions:
     max_examples: int | None = None
 
     def __post_init__(self):
-        if self.source not in SOURCES:
-            raise ValueError(f"data.source must be embedded, files or hf, got {self.source!r}")
-        if self.source == "files" and not self.files:
-            raise ValueError("data=files needs data.files, a list of local JSONL/JSON/Parquet files "
-                             "(e.g. 'data.files=[/data/train.jsonl]')")
-        if self.source == "hf" and not self.hf_dataset:
-            raise ValueError("data=hf needs data.hf_dataset (e.g. data.hf_dataset=mlabonne/open-perfectblend)")
+        missing = source_named(self.source).missing(self)
+        if missing:
+            raise ValueError(missing)
         object.__setattr__(self, "domains", tuple(_known_domains(self.domains, "data.domains")))
         object.__setattr__(self, "files", tuple(self.files or ()))
 

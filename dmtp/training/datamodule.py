@@ -11,20 +11,16 @@ regeneration cache must be complete: the target's decoder is not loaded to fill 
 """
 from __future__ import annotations
 
-import json
-import random
 from dataclasses import dataclass
-from pathlib import Path
 
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from dmtp.errors import reason
-from dmtp.data.corpora import corpus_of_target, documents, encode_documents
+from dmtp.data.corpora import corpus_of_target
 from dmtp.data.evalsets import build_turn_prompts, load_eval_set
 from dmtp.data.prompts import held_out_prompts
-from dmtp.data.records import encode_record
+from dmtp.data.sources import source_named
 from dmtp.training.data_options import (FeatureOptions, LoaderOptions, RegenOptions, SourceOptions, ValidationOptions,
                                         grouped)
 from dmtp.datagen.feature_cache import FeatureCache
@@ -95,52 +91,6 @@ def pack(examples: list[tuple[list[int], list[int]]], seq_len: int, eos: int) ->
     return rows
 
 
-def read_records(files: list[str] | None = None, hf_dataset: str | None = None, hf_split: str = "train",
-                 hf_config: str | None = None, limit: int | None = None) -> list[dict]:
-    records = []
-    for f in files or []:
-        path = Path(f).expanduser()
-        if not path.exists():
-            raise FileNotFoundError(f"training data file not found: {path}")
-        before = len(records)
-        if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            try:
-                records.extend(pq.read_table(path).to_pylist())
-            except (OSError, ValueError) as e:   # pyarrow's ArrowInvalid is a ValueError
-                raise ValueError(f"training data file {path} is not a readable Parquet file ({reason(e)})") from None
-        else:
-            try:
-                text = path.read_text(encoding="utf-8")
-            except UnicodeDecodeError:
-                raise ValueError(f"training data file {path} is not UTF-8 text (a binary file?); "
-                                 "expected JSONL, JSON or Parquet") from None
-            if path.suffix == ".json" and text.lstrip().startswith("["):
-                try:
-                    records.extend(json.loads(text))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
-            else:
-                for n, line in enumerate(text.splitlines(), 1):
-                    if line.strip():
-                        try:
-                            records.append(json.loads(line))
-                        except json.JSONDecodeError as e:
-                            raise ValueError(f"{path}:{n}: invalid JSON ({e.msg})") from None
-        if len(records) == before:
-            raise ValueError(f"training data file {path} holds no records")
-    if hf_dataset:
-        import datasets
-
-        try:
-            ds = datasets.load_dataset(hf_dataset, hf_config, split=hf_split)
-        except Exception as e:  # noqa: BLE001 - report any loader failure in one line
-            raise FileNotFoundError(f"could not load dataset {hf_dataset!r} ({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
-        records.extend(ds.select(range(min(limit, len(ds)))) if limit else ds)
-    return records[:limit] if limit else records
-
-
 def data_module(tokenizer, target, seed: int = 0, **options) -> "DraftDataModule":
     """Hydra's entry point (conf/data): the flat options grouped into their records (dmtp.training.data_options)."""
     return DraftDataModule(tokenizer, target, **grouped(options), seed=seed)
@@ -167,16 +117,7 @@ class DraftDataModule(L.LightningDataModule):
 
     # -- training rows ----------------------------------------------------------------------------
     def _examples(self) -> list[tuple[list[int], list[int]]]:
-        if self.source.source == "embedded":
-            docs = [t for d in self.source.domains for t in documents(d, "train", self.corpus)]
-            random.Random(self.seed).shuffle(docs)
-            docs = docs[: self.source.max_examples] if self.source.max_examples else docs
-            return [(ids, [1] * len(ids)) for ids in encode_documents(self.tokenizer, docs) if ids]
-        src = self.source
-        records = read_records(list(src.files) if src.source == "files" else None,
-                               src.hf_dataset if src.source == "hf" else None,
-                               src.hf_split, src.hf_config, src.max_examples)
-        return [encode_record(self.tokenizer, r, src.text_key) for r in records]
+        return source_named(self.source.source).examples(self.source, self.tokenizer, self.corpus, self.seed)
 
     def _regen_prompts(self) -> list[list[int]]:
         prompts: list[list[int]] = []
