@@ -41,8 +41,9 @@ from dmtp.decode.metrics import AcceptanceRecorder, throughput
 from dmtp.decode.proposers import (ARProposer, DrafterProposer, MTPChainProposer, Proposer)
 from dmtp.decode.runners import TargetRunner
 from dmtp.decode.sampling import SamplingConfig
-from dmtp.decode.stage import Stage, present, restore, snapshot
+from dmtp.decode.stage import Stage, present
 from dmtp.decode.state import DecodeState, ProposerReads, StateSize, TargetWidths
+from dmtp.decode.execution.programs import RoundPrograms, state_reset
 from dmtp.decode.execution.stage_timer import StageTimer
 from dmtp.decode.verify import (accept_block_verification, accept_rejection_sampling, accept_target_only,
                                 probs_from_logits, sample_tokens)
@@ -189,22 +190,19 @@ class SpecDecoder:
         self.eos_ids = eos_ids
         self.device = target.device
         self.dtype = target.dtype
-        self.use_graphs = bool(cuda_graphs) and self.device.type == "cuda" and self.runner.supports_graphs
-        self.compiled = bool(compile) and not self.use_graphs
+        use_graphs = bool(cuda_graphs) and self.device.type == "cuda" and self.runner.supports_graphs
+        self.programs = RoundPrograms(use_graphs, graph_granularity, compile if isinstance(compile, str) else "inductor")
+        self.compiled = bool(compile) and not use_graphs
         self._generator: torch.Generator | None = None
-        self.compile_backend = compile if isinstance(compile, str) else "inductor"
-        self.compile_s = 0.0
         self.batch_buckets = sorted(int(b) for b in batch_buckets)
         self.warmup_rounds = warmup_rounds
         self.poll_every = poll_every or (4 if self.use_graphs else 1)
         self.time_stages = time_stages
-        self.graph_granularity = graph_granularity
         if graph_span_step is not None and graph_span_step < 1:
             raise ValueError(f"graph_span_step must be a positive number of slots or None, got {graph_span_step}")
         self.graph_span_step = graph_span_step
         self.vocab_size = target.lm_head.weight.shape[0]
         self.st: DecodeState | None = None
-        self._graphs: dict = {}
         # verify_length=auto: one policy (its measured cost table) per batch rows and sampling mode, kept
         # across batches and calls; the seconds spent measuring tables are reported apart, as compiling is.
         self._length_policies: dict = {}
@@ -217,6 +215,25 @@ class SpecDecoder:
         # wall time on CUDA (the device's time, synced)
         self.clock = time.process_time if self.device.type == "cpu" else time.perf_counter
         self._last_length: int | None = None   # the last round's L (round_fn runs that round again)
+
+    @property
+    def use_graphs(self) -> bool:
+        """Rounds replay CUDA graphs (the program cache's mode; tests set it to run the protocol on CPU)."""
+        return self.programs.use_graphs
+
+    @use_graphs.setter
+    def use_graphs(self, value: bool) -> None:
+        self.programs.use_graphs = bool(value)
+
+    @property
+    def compile_s(self) -> float:
+        """Seconds spent compiling rounds, over the decoder's life (reported apart from decoding)."""
+        return self.programs.compile_s
+
+    @property
+    def _graphs(self) -> dict:
+        """The captured / compiled programs by key (batch, max_len, sampling, span, verify length)."""
+        return self.programs.programs
 
     @property
     def num_candidates(self) -> int:
@@ -543,11 +560,8 @@ class SpecDecoder:
         caches (which have room for them), their reads are cut to the span, and the state is restored."""
         if self.replays_program(st.sampling):
             key = (st.batch, st.max_len, st.sampling.key(), span, length)
-            program = self._graphs.get(key)
-            if program is None:
-                self.runner.span = span
-                program = self._capture(st, length)
-                self._graphs[key] = program
+            self.runner.span = span   # a capture's shapes are the span's
+            program = self.programs.get(key, lambda: self.stages(st, length), st.generator)
 
             def replay():
                 self.runner.span = span
@@ -619,45 +633,11 @@ class SpecDecoder:
         if policy is None:
             t0 = time.perf_counter()
             rounds = [self._round_fn(st, None, span, length) for length in range(st.num_candidates + 1)]
-            costs = measure_round_costs(rounds, self._state_reset(st, self.stages(st, st.num_candidates)),
+            costs = measure_round_costs(rounds, state_reset(self.stages(st, st.num_candidates), st.generator),
                                         self._sync, reps=self.cost_table_reps, clock=self.clock)
             policy = self._length_policies[key] = VerifyLengthPolicy(costs)
             self.cost_table_s += time.perf_counter() - t0
         return policy
-
-    def _state_reset(self, st: DecodeState, stages: list[Stage]) -> Callable[[], None]:
-        """Puts back what `stages` declare they write and the run's generator: rounds run for a capture, a
-        compile warm-up or a cost measurement are not decoding (their scratch rows lie past the committed lengths)."""
-        saved = snapshot(stages)
-        gen = st.generator
-        gen_state = gen.get_state() if gen is not None else None
-
-        def reset():
-            restore(saved)
-            if gen is not None:
-                gen.set_state(gen_state)
-
-        return reset
-
-    def _capture(self, st: DecodeState, length: int | None = None):
-        """CUDA graphs or compiled stages of the round. The stages run during the capture / compile
-        warm-up mutate the state and draw from the run's seeded generator: both are put back (the state
-        the stages declare they write; their scratch rows lie past the committed lengths)."""
-        stages = self.stages(st, length)
-        reset = self._state_reset(st, stages)
-        if self.use_graphs:
-            from dmtp.decode.execution.graphs import RoundGraphs
-
-            return RoundGraphs(stages, granularity=self.graph_granularity).capture(reset=reset)
-        from dmtp.decode.execution.compiled import CompiledRound
-
-        # One program for the whole round, never one per stage: with stages compiled one by one, inductor
-        # lost acceptance across the stage boundaries (the drafts degraded, the tokens stayed exact), a
-        # miscompilation we measured and did not isolate (tests/test_decode_compiled.py checks both).
-        program = CompiledRound(stages, granularity="round", backend=self.compile_backend)
-        program.warm_up(reset=reset)
-        self.compile_s += program.compile_s
-        return program
 
 
 def _length_summary(lengths: list[list[int]], sampling: SamplingConfig, table_s: float) -> dict:
