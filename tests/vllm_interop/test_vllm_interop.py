@@ -177,7 +177,7 @@ def test_bench_vllm_compares_both_engines_losslessly(vllm_target_dir, raw_drafte
     every output equal to dmtp's AR, ratios over each engine's own AR and over the first drafter."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("bench_vllm", ROOT / "tools" / "bench_vllm.py")
+    spec = importlib.util.spec_from_file_location("bench_vllm", ROOT / "tools" / "bench" / "bench_vllm.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "bench.json"
