@@ -48,6 +48,7 @@ from dmtp.decode.execution.stage_timer import StageTimer
 from dmtp.decode.verify import (accept_block_verification, accept_rejection_sampling, accept_target_only,
                                 probs_from_logits, sample_tokens)
 from dmtp.decode.verify_length.policy import VerifyLengthPolicy
+from dmtp.decode.verify_length.schedule import LengthSchedule
 from dmtp.models.block_size import BLOCK_SIZE_RANGE
 
 # The device-side acceptance rule of each mode that verifies drafts sampled from the proposers' q.
@@ -191,7 +192,8 @@ class SpecDecoder:
         self.device = target.device
         self.dtype = target.dtype
         use_graphs = bool(cuda_graphs) and self.device.type == "cuda" and self.runner.supports_graphs
-        self.programs = RoundPrograms(use_graphs, graph_granularity, compile if isinstance(compile, str) else "inductor")
+        backend = compile if isinstance(compile, str) else "inductor"
+        self.programs = RoundPrograms(use_graphs, graph_granularity, backend)
         self.compiled = bool(compile) and not use_graphs
         self._generator: torch.Generator | None = None
         self.batch_buckets = sorted(int(b) for b in batch_buckets)
@@ -344,7 +346,8 @@ class SpecDecoder:
         tokens = torch.cat([st.anchor[:, None], candidates], dim=1) if length else st.anchor[:, None]
         return self.runner.verify(tokens, self.runner.lengths[:, None] + st.offsets[:length + 1])
 
-    def _accept(self, st: DecodeState, length: int, logits: torch.Tensor):
+    @staticmethod
+    def _accept(st: DecodeState, length: int, logits: torch.Tensor):
         """(the target's token at every row [B, L+1], the accepted candidates [B], the candidates verified [B]).
         Greedy and target-only verification compare the target's token with each candidate; rejection and block
         verification weigh the candidates' draft probabilities (the token after the prefix is then a residual's)."""
@@ -362,7 +365,8 @@ class SpecDecoder:
         verified = limit if limit is not None else torch.full_like(st.verify_limit, length)
         return target_tokens, accepted, verified
 
-    def _commit(self, st: DecodeState, length: int, target_tokens: torch.Tensor, accepted: torch.Tensor,
+    @staticmethod
+    def _commit(st: DecodeState, length: int, target_tokens: torch.Tensor, accepted: torch.Tensor,
                 active: torch.Tensor) -> torch.Tensor:
         """Append each active request's accepted prefix and the token after it to its output, cut after the
         first EOS and at its budget; a request that emitted EOS or filled its budget is done.
@@ -410,8 +414,8 @@ class SpecDecoder:
 
     def _verify_writes(self, st: DecodeState) -> tuple[torch.Tensor, ...]:
         """Everything `_verify` changes in place, and the runner's committed state that `advance` moves."""
-        return (*present(st.out_tokens, st.out_len, st.done, st.anchor, st.round_start, st.target_tokens, st.kept, st.verified,
-                         st.h_verify, st.f_verify, st.acc_log, st.raw_log, st.round_idx,
+        return (*present(st.out_tokens, st.out_len, st.done, st.anchor, st.round_start, st.target_tokens, st.kept,
+                         st.verified, st.h_verify, st.f_verify, st.acc_log, st.raw_log, st.round_idx,
                          *(st.length_stats.tensors if st.length_stats is not None else ())), *self.runner.round_state())
 
     # -- prefill ------------------------------------------------------------------------------------
@@ -592,37 +596,30 @@ class SpecDecoder:
         known, since = st.longest_bound, 0   # host bound on the longest length: known + since x width
         fixed = self.check_options(st.sampling)
         policy = None if fixed is not None else self._length_policy(st, self._graph_span(st, known))
-        length = fixed if policy is None else policy.choose()
+        schedule = LengthSchedule(fixed, policy, self.clock, self.length_readout_rounds)
         programs: dict = {}
-        run_round, current, done_lengths = None, None, []
-        mark, interval = self.clock(), 0
+        run_round, current = None, None
         for r in range(max_new + self.poll_every):
             span = self._graph_span(st, known + since * st.width)
-            if run_round is None or (span, length) != current:   # outside the round's timer: a capture is not a round
-                current = (span, length)
+            # outside the round's timer: a capture is not a round
+            if run_round is None or (span, schedule.length) != current:
+                current = (span, schedule.length)
                 if current not in programs:
-                    programs[current] = self._round_fn(st, timer, span, length)
+                    programs[current] = self._round_fn(st, timer, span, schedule.length)
                 run_round = programs[current]
             with (timer.round() if timer is not None else contextlib.nullcontext()):
                 run_round()
             since += 1
-            interval += 1
-            done_lengths.append(length)
-            self._last_length = length
+            self._last_length = schedule.length
+            schedule.ran_round()
             if (r + 1) % self.poll_every == 0:
                 finished = bool(st.done.all())
-                if policy is not None and (interval >= self.length_readout_rounds or finished):
-                    # the poll has synced: the rounds' record is a small read more
-                    now = self.clock()
-                    remaining = (st.max_new - st.out_len).clamp(min=0) * ~st.done
-                    policy.observe(st.length_stats.read(remaining), interval, now - mark, length)
-                    mark, interval = now, 0
-                    length = policy.choose()
+                schedule.at_poll(st, finished)   # the poll has synced: the rounds' record is a small read more
                 if finished:
                     break
                 if buckets:   # the poll has synced already: one more small read tightens the bound
                     known, since = int(self.runner.lengths.max()), 0
-        return done_lengths
+        return schedule.history
 
     def _length_policy(self, st: DecodeState, span: int | None) -> VerifyLengthPolicy:
         """verify_length=auto's policy for this batch shape and sampling mode: on first use, the cost table

@@ -54,12 +54,14 @@ def _json_rows(path: Path) -> list[dict]:
 
 
 def file_examples(options, tokenizer, corpus: str, seed: int) -> list[tuple[list[int], list[int]]]:
-    return [encode_record(tokenizer, r, options.text_key) for r in read_files(list(options.files), options.max_examples)]
+    records = read_files(list(options.files), options.max_examples)
+    return [encode_record(tokenizer, r, options.text_key) for r in records]
 
 
 def _missing(options) -> str | None:
     if not options.files:
-        return "data=files needs data.files, a list of local JSONL/JSON/Parquet files (e.g. 'data.files=[/data/train.jsonl]')"
+        return ("data=files needs data.files, a list of local JSONL/JSON/Parquet files "
+                "(e.g. 'data.files=[/data/train.jsonl]')")
     return None
 
 
