@@ -63,9 +63,10 @@ def _failure(path: Path, err: BaseException) -> WriteFailed | None:
 
 
 def _settle(tmp: Path, lock_fd: int) -> None:
-    """The temporary's content on disk, with the mode the umask gives. Most writers truncate the temporary we
-    created (same inode); safetensors' writer makes a new file of its own, mode 0600, and renames it over ours: that
-    file gets our file's mode and is the one fsynced."""
+    """The temporary's content on disk, with the mode the umask gives.
+
+    Most writers truncate the temporary we created (same inode); safetensors' writer makes a new file of its own,
+    mode 0600, and renames it over ours: that file gets our file's mode and is the one fsynced."""
     written = os.open(tmp, os.O_RDONLY)
     try:
         if os.fstat(written).st_ino != os.fstat(lock_fd).st_ino:
@@ -124,8 +125,10 @@ def save_safetensors(path: str | Path, tensors: dict, metadata: dict[str, str] |
 
 
 def torch_save(obj, path: str | Path) -> None:
-    """torch.save, atomically. Serialised in memory first (as Lightning does): torch's file writer turns
-    an OS error into an opaque RuntimeError, a plain write keeps it an OSError."""
+    """torch.save, atomically.
+
+    Serialised in memory first (as Lightning does): torch's file writer turns an OS error into an opaque
+    RuntimeError, a plain write keeps it an OSError."""
     import torch
 
     buffer = io.BytesIO()
@@ -170,8 +173,9 @@ def _pid_alive(pid: int) -> bool:
 
 
 def remove_stale_temporaries(directory: str | Path) -> list[Path]:
-    """Remove the temporaries that killed writers left in `directory` (not those being written now). A file is
-    stale when no writer holds its lock; a staging directory when the process named in it is gone."""
+    """Remove the temporaries that killed writers left in `directory` (not those being written now).
+
+    A file is stale when no writer holds its lock; a staging directory when the process named in it is gone."""
     directory = Path(directory)
     removed = []
     for tmp in directory.glob(f".*{TMP_MARK}*") if directory.is_dir() else ():

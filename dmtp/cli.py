@@ -97,10 +97,11 @@ def hydra_faults_one_line(prog: str):
     """Run a Hydra command so that an environment fault becomes one line and exit status 1 wherever it is
     raised: in the job, or in Hydra's own steps before and after it (the run directory, its copy of the
     composed config), which Hydra's reporter (`run_and_report`, a module global of hydra._internal.utils,
-    which every step calls) would otherwise print as a traceback. Its reporter is wrapped for the call, so
-    everything else Hydra reports looks as before. A Hydra without that private hook still runs the command:
-    faults in the job stay one line (the command's own handler), Hydra's own writes fall back to its
-    traceback (tests/test_disk_full.py checks the hook is there in the Hydra we install)."""
+    which every step calls) would otherwise print as a traceback.
+
+    Its reporter is wrapped for the call, so everything else Hydra reports looks as before. A Hydra without that
+    private hook still runs the command: faults in the job stay one line (the command's own handler), Hydra's own
+    writes fall back to its traceback (tests/test_disk_full.py checks the hook is there in the Hydra we install)."""
     import hydra._internal.utils as hydra_utils
 
     original = getattr(hydra_utils, "run_and_report", None)

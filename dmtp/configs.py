@@ -43,8 +43,10 @@ def instantiate(node, *args, **kwargs):
 
 def records_from_flat(flat: dict, flat_keys: dict[str, tuple[str, str]], records: dict[str, type], group: str) -> dict:
     """A config group's flat options -> {record name: record}, each key placed by `flat_keys` (key -> (record,
-    field)), the one table of that group; an unknown key is one line naming it. Config values become plain
-    Python (lists become tuples, as frozen records hold them); each record checks its own fields."""
+    field)), the one table of that group; an unknown key is one line naming it.
+
+    Config values become plain Python (lists become tuples, as frozen records hold them); each record checks its own
+    fields."""
     unknown = sorted(set(flat) - set(flat_keys))
     if unknown:
         raise ValueError(f"unknown {group} option(s) {', '.join(f'{group}.{k}' for k in unknown)}; "

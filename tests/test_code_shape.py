@@ -70,3 +70,19 @@ def test_the_guards_see_what_they_guard(tmp_path):
     src = tmp_path / "m.py"
     src.write_text("def short():\n    return 1\n\n\ndef long():\n" + "    x = 1\n" * 70)
     assert long_functions(src, MAX_FUNCTION_LINES) == ["m.py:5 long (71 lines)"]
+
+
+SENTENCE_BOUNDARY = re.compile(r"[a-z0-9)`][.] [A-Z]")
+
+
+def test_docstrings_open_with_one_sentence():
+    """PEP 257's summary line: a docstring's opening paragraph is one sentence; the rest follows a blank line."""
+    found = []
+    for path in package_files():
+        tree = ast.parse(path.read_text(), str(path))
+        for node in [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef,
+                                                                          ast.AsyncFunctionDef)))]:
+            doc = ast.get_docstring(node)
+            if doc and SENTENCE_BOUNDARY.search(doc.split("\n\n")[0].replace("\n", " ")):
+                found.append(f"{shown(path)}:{getattr(node, 'name', '<module>')}")
+    assert found == [], "docstrings whose opening paragraph holds more than one sentence:\n" + "\n".join(found)

@@ -1,6 +1,8 @@
 """The options every benchmark script takes, declared once: where it runs, in what dtype, on how many
-threads, and where its JSON report goes (written by `write_report`). Each script keeps its own defaults (a micro-benchmark times one
-kernel on an explicit device in float32; a decoding bench follows the target's placement)."""
+threads, and where its JSON report goes (written by `write_report`).
+
+Each script keeps its own defaults (a micro-benchmark times one kernel on an explicit device in float32; a decoding
+bench follows the target's placement)."""
 from __future__ import annotations
 
 import argparse

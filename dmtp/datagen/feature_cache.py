@@ -144,6 +144,7 @@ def _record(meta: dict) -> dict:
 def _bases(out_dir: Path, target, mtp, rows: list[dict], spec: FeatureSpec, batch_size: int) -> dict:
     """The lowrank codec's basis of each group: read back, or fitted on ~FIT_TOKENS tokens of rows spread evenly
     over the cache and written (once: the first worker fits it under its lock, the others wait and read it).
+
     Spread, not the first rows: rows come domain by domain, and a basis fitted on code alone lost the math rows'
     features (BENCHMARKS.md, "Data at scale")."""
     if spec.codec != "lowrank":
@@ -313,8 +314,10 @@ def verify_shard(path: Path, rows: list[dict], spec: FeatureSpec) -> int:
 class FeatureCache:
     """The captured features of `rows`, row by row, decoded to the target's dtype: {"taps" [T, G*H],
     "mtp_hidden" [T, H], "last_hidden" [T, H], "greedy" [T], "topk_ids" [T, k], "topk_probs" [T, k],
-    "tail" [T]} (what the spec stores). Opening it checks that every shard is there with the right header;
-    each row's checksum is checked when it is read."""
+    "tail" [T]} (what the spec stores).
+
+    Opening it checks that every shard is there with the right header; each row's checksum is checked when it is
+    read."""
 
     def __init__(self, target, rows: list[dict], spec: FeatureSpec, shard_rows: int, cache_root=None,
                  workers: int = 1):
@@ -379,7 +382,9 @@ class FeatureCache:
 def verify_cache(target, rows: list[dict], spec: FeatureSpec, shard_rows: int, cache_root=None,
                  workers: int = 1) -> dict:
     """The merge step: every shard of the cache verified row by row (nothing is captured), then its manifest
-    written. A missing or damaged shard is one error naming it and the worker that owns it."""
+    written.
+
+    A missing or damaged shard is one error naming it and the worker that owns it."""
     out_dir = features_dir(target, rows, spec, Path(cache_root) if cache_root else None)
     n_shards = (len(rows) + shard_rows - 1) // shard_rows
     records, missing = [], []

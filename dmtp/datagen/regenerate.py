@@ -254,6 +254,7 @@ def write_share(target, prompts: Sequence[Sequence[int]], settings: RegenSetting
 def regen_manifest(target, prompts: Sequence[Sequence[int]], settings: RegenSettings, *, eos_token_id=None,
                    cache_root: str | Path | None = None, workers: int = 1) -> dict:
     """The merge step: every shard read back and verified (nothing is decoded), then the manifest written.
+
     A missing or damaged shard is one error naming it and the worker that owns it (of `workers`)."""
     eos_ids = _eos_ids(target, eos_token_id)
     out_dir = cache_dir_for(target, prompts, settings, eos_ids, Path(cache_root) if cache_root else None)

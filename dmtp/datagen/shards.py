@@ -91,7 +91,9 @@ def _holder(fd: int) -> str:
 @contextmanager
 def file_lock(out_dir: Path, name: str, on_wait: Callable[[str], None] | None = None):
     """Hold the lock `.<name>.lock` of `out_dir` (another holder is waited for; `on_wait(holder)`, who holds it,
-    runs before the wait). The holder notes its pid and distributed run in the file for a waiter to say."""
+    runs before the wait).
+
+    The holder notes its pid and distributed run in the file for a waiter to say."""
     fd = os.open(out_dir / f".{name}.lock", os.O_CREAT | os.O_RDWR, 0o644)
     try:
         try:

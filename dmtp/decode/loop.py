@@ -263,14 +263,17 @@ class SpecDecoder:
     @property
     def fixed_shapes(self) -> bool:
         """Graphs and compiled stages replay one program per shape: buckets of batch and cache length (and,
-        for graphs, of the attended span). The eager path sizes everything exactly and attends the live span."""
+        for graphs, of the attended span).
+
+        The eager path sizes everything exactly and attends the live span."""
         return self.use_graphs or self.compiled
 
     def replays_program(self, sampling: SamplingConfig) -> bool:
         """Whether rounds under `sampling` replay a captured / compiled program (else they run eagerly).
-        Compiled stages are greedy only: a sampled stage reads the run's seeded torch.Generator, which
-        dynamo does not trace, and a stage compiled in pieces makes dynamo skip that stage's code in
-        every later compile of the process (other decoders, other shapes) without a word."""
+
+        Compiled stages are greedy only: a sampled stage reads the run's seeded torch.Generator, which dynamo does
+        not trace, and a stage compiled in pieces makes dynamo skip that stage's code in every later compile of the
+        process (other decoders, other shapes) without a word."""
         return self.use_graphs or (self.compiled and sampling.greedy)
 
     # -- state ---------------------------------------------------------------------------------------
@@ -318,10 +321,11 @@ class SpecDecoder:
         return sampling.fixed_length(self.num_candidates)
 
     def stages(self, st: DecodeState, length: int | None = None) -> list[Stage]:
-        """The round's stages in order, each with the state it writes. Names: mtp, t1_fusion (slots for raw DFlash,
-        which has no T1), drafter, verify.
-        `length`: the candidates verified, L (None: the run's fixed length; K for verify_length=auto); L = 0
-        drafts nothing and verifies A alone, the proposer's state still follows the committed rows."""
+        """The round's stages in order, each with the state it writes.
+
+        Names: mtp, t1_fusion (slots for raw DFlash, which has no T1), drafter, verify. `length`: the candidates
+        verified, L (None: the run's fixed length; K for verify_length=auto); L = 0 drafts nothing and verifies A
+        alone, the proposer's state still follows the committed rows."""
         fixed = self.check_options(st.sampling)
         k = length if length is not None else fixed if fixed is not None else st.num_candidates
         verify = Stage("verify", lambda: self._verify(st, k), writes=self._verify_writes(st),
@@ -349,6 +353,7 @@ class SpecDecoder:
     @staticmethod
     def _accept(st: DecodeState, length: int, logits: torch.Tensor):
         """(the target's token at every row [B, L+1], the accepted candidates [B], the candidates verified [B]).
+
         Greedy and target-only verification compare the target's token with each candidate; rejection and block
         verification weigh the candidates' draft probabilities (the token after the prefix is then a residual's)."""
         sampling = st.sampling
@@ -540,16 +545,18 @@ class SpecDecoder:
     def _set_span(self, st: DecodeState, longest: int) -> None:
         """Eager rounds attend over the caches' live span. `longest` = the longest committed length (a
         host value: the prompts' at prefill, one read of the lengths per round, free on CPU and no extra
-        sync on CUDA eager, which polls `done` every round anyway). Every row a round writes or reads
-        sits below longest + width + 1 (verify rows at L..L+K, MTP rows at L+1..L+K+1), so the span
-        covers them all. Captured / compiled programs keep the whole caches (span None)."""
+        sync on CUDA eager, which polls `done` every round anyway).
+
+        Every row a round writes or reads sits below longest + width + 1 (verify rows at L..L+K, MTP rows at
+        L+1..L+K+1), so the span covers them all. Captured / compiled programs keep the whole caches (span None)."""
         self.runner.span = (None if self.replays_program(st.sampling)
                             else min(st.max_len, _round_up(longest + st.width + 1, SPAN_STEP)))
 
     def _graph_span(self, st: DecodeState, longest_bound: int) -> int | None:
         """The span bucket of a captured round whose longest committed length is at most `longest_bound`:
-        the eager rule (every row below longest + width + 1) rounded up to `graph_span_step`. None: the
-        whole caches (no graphs, or span buckets off)."""
+        the eager rule (every row below longest + width + 1) rounded up to `graph_span_step`.
+
+        None: the whole caches (no graphs, or span buckets off)."""
         if not (self.use_graphs and self.graph_span_step):
             return None
         return min(st.max_len, _round_up(longest_bound + st.width + 1, self.graph_span_step))
@@ -560,8 +567,9 @@ class SpecDecoder:
         captured / compiled program of (`span`, `length`) (captured on first use; the runner's span is that
         program's whenever it runs, as its shapes were captured with it), else the stages eagerly over the
         live span. `timer`: anything with `.stage(name)` giving a context.
-        A capture's warm-up passes advance the lengths past the bucket: their writes stay inside the
-        caches (which have room for them), their reads are cut to the span, and the state is restored."""
+
+        A capture's warm-up passes advance the lengths past the bucket: their writes stay inside the caches (which
+        have room for them), their reads are cut to the span, and the state is restored."""
         if self.replays_program(st.sampling):
             key = (st.batch, st.max_len, st.sampling.key(), span, length)
             self.runner.span = span   # a capture's shapes are the span's
@@ -585,7 +593,9 @@ class SpecDecoder:
 
     def round_fn(self, timer=None) -> Callable[[], None]:
         """The last batch's round exactly as `generate` ran it, to run again (tools/bench/profile_decode.py profiles
-        its kernels). Rounds past every request's end only rewrite scratch rows: nothing read back changes."""
+        its kernels).
+
+        Rounds past every request's end only rewrite scratch rows: nothing read back changes."""
         if self.st is None:
             raise RuntimeError("round_fn() needs a batch: call generate() first")
         return self._round_fn(self.st, timer, self.runner.span if self.use_graphs else None, self._last_length)
@@ -676,7 +686,9 @@ def _progress(total: int, desc: str, enabled: bool):
 
 def parse_mtp_steps(method: str, mtp_steps: int = 4) -> int:
     """How many steps the MTP chains per round for an MTP method: `mtp415` -> 4 (k=4, top-1, 5 verify
-    slots), `mtp` -> `mtp_steps` (dmtp.infer's option), `mtp:<k>` -> k. Other names -> ValueError.
+    slots), `mtp` -> `mtp_steps` (dmtp.infer's option), `mtp:<k>` -> k.
+
+    Other names -> ValueError.
 
     The limit: 1 .. the widest block the loop verifies minus one (BLOCK_SIZE_RANGE, the same bound as a
     drafter's candidates). The native MTP is trained for one step (one layer predicting the token after

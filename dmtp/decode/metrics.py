@@ -69,7 +69,9 @@ class AcceptanceRecorder:
             self.per_request[r].append(a)
 
     def merge(self, other: AcceptanceRecorder) -> AcceptanceRecorder:
-        """Append ``other``'s requests (as new requests, after this recorder's). Returns self."""
+        """Append ``other``'s requests (as new requests, after this recorder's).
+
+        Returns self."""
         if other.num_candidates != self.num_candidates:
             raise ValueError(
                 f"cannot merge {self.num_candidates} and {other.num_candidates} candidates per round"
@@ -90,7 +92,9 @@ class AcceptanceRecorder:
         return sum(len(r) for r in self.per_request)
 
     def summary(self) -> dict[str, Any]:
-        """SPEC §6 metrics. Ratios with an empty denominator are ``None``."""
+        """SPEC §6 metrics.
+
+        Ratios with an empty denominator are ``None``."""
         k_max = self.num_candidates
         hist = self.histogram()
         total = sum(hist)
@@ -128,7 +132,9 @@ class AcceptanceRecorder:
 def nothing_verified(method: str, summary: dict) -> str | None:
     """One line when confidence-scheduled verification verified no candidate of `method` in any round
     (`summary`: a decoding summary, its `verified_per_round` and `sampling`): its tau is then 1 and its T1
-    acceptance 0 by construction, not measured. None otherwise."""
+    acceptance 0 by construction, not measured.
+
+    None otherwise."""
     threshold = (summary.get("sampling") or {}).get("confidence_threshold") or 0
     if threshold <= 0 or not summary.get("rounds") or summary.get("verified_per_round") != 0:
         return None

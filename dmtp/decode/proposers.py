@@ -45,9 +45,10 @@ from dmtp.models.qwen3 import KVCache
 
 
 def pick_tokens(logits: torch.Tensor, st, source: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Draft tokens from proposal logits [..., V] of a slot `source` ("mtp" or "block"). Greedy (argmax)
-    unless rejection/block verification is on at temperature > 0; then by the source's draft rule: sampled
-    from q (the run's temperature/top-k/top-p), or its argmax with q the one-hot on it (both returned)."""
+    """Draft tokens from proposal logits [..., V] of a slot `source` ("mtp" or "block").
+
+    Greedy (argmax) unless rejection/block verification is on at temperature > 0; then by the source's draft rule:
+    sampled from q (the run's temperature/top-k/top-p), or its argmax with q the one-hot on it (both returned)."""
     s = st.sampling
     if not s.uses_draft_probs:
         return logits.argmax(-1), None
@@ -86,8 +87,10 @@ class MTPState:
     def prefill(self, ids: torch.Tensor, lengths: torch.Tensor, anchor: torch.Tensor, last_hidden: torch.Tensor,
                 span: int | None = None) -> None:
         """Rows at positions 1..T over the prompt: row t consumes (x_t, h_{t-1}); x_len = A (the first
-        output token). Row `len` gives the hidden that predicts T1. `span` (here and below): the cache
-        slots attended to, as the target runner's (None: all)."""
+        output token).
+
+        Row `len` gives the hidden that predicts T1. `span` (here and below): the cache slots attended to, as the
+        target runner's (None: all)."""
         b, t = ids.shape
         tokens = torch.cat([ids[:, 1:], ids.new_zeros(b, 1)], dim=1)
         tokens.scatter_(1, (lengths - 1)[:, None], anchor[:, None])
@@ -101,8 +104,9 @@ class MTPState:
     def catch_up(self, tokens: torch.Tensor, hidden: torch.Tensor, a_prev: torch.Tensor, acc: torch.Tensor,
                  span: int | None = None) -> None:
         """tokens/hidden [B, W]: the verify's target tokens y and post-norm hidden states at positions
-        a..a+W-1 (W: the round's verified rows, at most the block's). Rows at a+1..a+W; the row at a+acc+1
-        (the new anchor) gives the next T1's hidden."""
+        a..a+W-1 (W: the round's verified rows, at most the block's).
+
+        Rows at a+1..a+W; the row at a+acc+1 (the new anchor) gives the next T1's hidden."""
         positions = a_prev[:, None] + self.row_offsets[:tokens.shape[1]]
         g = self.mtp.forward_rows(tokens, hidden, positions, self.cache, span)
         self.h.copy_(_gather_pos(g, acc))
@@ -179,9 +183,10 @@ class DrafterState:
               span: int | None = None):
         """The block's K candidates [B, K], q [B, K, V] when sampling (else None) and the drafter's
         confidence [B, K] (None without a confidence head), from the slots `build` made; context
-        strictly before A, read from the first `span` cache slots (None: all). The block's rows are written
-        into the caches at its positions (A .. A + B - 1 at most), so `span` must cover them: the loop's
-        span covers every row a round touches (longest length + block width + 1)."""
+        strictly before A, read from the first `span` cache slots (None: all).
+
+        The block's rows are written into the caches at its positions (A .. A + B - 1 at most), so `span` must cover
+        them: the loop's span covers every row a round touches (longest length + block width + 1)."""
         max_len = next((c.max_len for c in self.caches if not isinstance(c, WindowCache)), self.caches[0].max_len)
         ctx = CachedContext(self.caches, max_len if span is None else min(span, max_len), self.ring)
         block = self.drafter.draft_block(self.embed_weight, anchor[:, None], anchor_pos[:, None], ctx, None, mtp,

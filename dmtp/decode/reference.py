@@ -52,7 +52,9 @@ def reference_generate(target, propose: Propose, prompt: Sequence[int], max_new_
 def mtp_chain(mtp, ids: torch.Tensor, target_hidden: torch.Tensor, steps: int) -> MTPChain:
     """The MTP's greedy chain T1..T_steps after the last token of ids [1, T], teacher-forced on the
     target's hidden states [1, T, H]; where the target's hidden is not known (after A), the MTP reads
-    its own previous hidden. Every row is recomputed over the whole sequence so far."""
+    its own previous hidden.
+
+    Every row is recomputed over the whole sequence so far."""
     seq, hidden_in = ids, target_hidden   # row t of forward_teacher consumes (seq[t], hidden_in[t - 1])
 
     def step(j, token, hidden):           # the row of T_j, which reads h_j: it predicts T_{j+1}

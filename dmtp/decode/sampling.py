@@ -22,8 +22,10 @@ class SamplingConfig:
     """temperature 0 = greedy. `verification`: target_only (sample the target at every slot, accept
     while equal; drafts are the proposers' argmax), rejection (drafts sampled from the proposers' q,
     each accepted with min(1, p/q), token by token) or block (the same drafts verified jointly, Sun et
-    al. 2025: on average never fewer accepted than rejection). Both accept more than target_only at
-    temperature > 0, with the same output distribution; at temperature 0 every mode is greedy."""
+    al. 2025: on average never fewer accepted than rejection).
+
+    Both accept more than target_only at temperature > 0, with the same output distribution; at temperature 0 every
+    mode is greedy."""
 
     temperature: float = 0.0
     top_k: int = 0

@@ -70,8 +70,10 @@ class DraftedBlock:
 
 class BlockDrafter(nn.Module):
     """`backbone` (DFlashDrafter / DFlash2Drafter, the published tensors) + `injection` (the variant:
-    slots, context features, MTP tokens per block). The backbone's hooks are forwarded, so callers
-    treat the unit as the drafter; the injection's layout questions go to `drafter.injection`.
+    slots, context features, MTP tokens per block).
+
+    The backbone's hooks are forwarded, so callers treat the unit as the drafter; the injection's layout questions
+    go to `drafter.injection`.
 
     The block width B is the backbone's `block_size` (config.json, the checkpoint); the injection may
     verify a shorter block at decoding time (`load_block_drafter(block_size=...)`), never a longer one."""
@@ -96,7 +98,9 @@ class BlockDrafter(nn.Module):
                mtp_correction_rank: int = 0) -> "BlockDrafter":
         """A new injection (variant name or factory, see `build_block_drafter`) for an existing backbone
         (init_from: continue a published DFlash drafter as a DMTP variant); `what` names the backbone
-        in the error when its context width does not fit. The blocks are the backbone's own width."""
+        in the error when its context width does not fit.
+
+        The blocks are the backbone's own width."""
         c = backbone.config
         return cls(backbone, _make(injection, c.hidden_size, len(c.target_layer_ids), c.mask_token_id, c.block_size),
                    what, mtp_correction_rank)
@@ -173,10 +177,12 @@ class BlockDrafter(nn.Module):
         `ctx_positions` [B, C] strictly before its A (none where `keep` is False) and its own slots only;
         then, with `lm_head_weight`, the candidates (the backbone's `propose`: argmax per slot, or
         `sampler`; DFlash2's selector path from the previous token), candidate j being the MTP's for
-        j <= m. The reference round, the decoding loop, the training loss and the validation walk all
-        draft through here. Decoding passes a `CachedContext` as `ctx_kv` (ctx_positions None: the cache's slot
-        is the position) and one block per request: the block's K/V are written into the caches (scratch rows
-        from A on, which the next context append overwrites)."""
+        j <= m.
+
+        The reference round, the decoding loop, the training loss and the validation walk all draft through here.
+        Decoding passes a `CachedContext` as `ctx_kv` (ctx_positions None: the cache's slot is the position) and one
+        block per request: the block's K/V are written into the caches (scratch rows from A on, which the next
+        context append overwrites)."""
         inj = self.injection
         b, n = anchor_positions.shape
         if isinstance(ctx_kv, CachedContext) and n != 1:
@@ -210,7 +216,9 @@ class BlockDrafter(nn.Module):
         """(tokens, use) [B, N, n_pred]: the predicted slots whose candidate is the MTP's (j <= m, the multi-step
         variant) and its token there, so that a proposal sequential in the previous token (DSpark's Markov head,
         DFlash2's selector) walks through the tokens the block really holds, as training's teacher-forced path
-        does. None when no predicted slot can hold an MTP token (every variant but the multi-step one)."""
+        does.
+
+        None when no predicted slot can hold an MTP token (every variant but the multi-step one)."""
         inj = self.injection
         n = inj.num_drafter_candidates
         fixed = inj.num_candidates - n                       # candidates that always come from the MTP
@@ -266,9 +274,11 @@ class BlockDrafter(nn.Module):
         `target_path`'s own checkpoint names. `extra_config` goes under config.json's "dmtp" section; with
         `target=` (the target as given: a path or a hub id) it also records the target's config.json and MTP
         files' sha256 (dmtp.models.provenance), and `train_config=` (the run's composed config) becomes the
-        card's training recipe. README.md beside the weights is the model card (dmtp.models.model_card).
-        `state` / `mtp_state`: this unit's / the MTP's full tensors when the modules hold shards (FSDP:
-        dmtp.training.fsdp.full_state); `dtype`: the floating tensors' precision on disk (None: as held)."""
+        card's training recipe.
+
+        README.md beside the weights is the model card (dmtp.models.model_card). `state` / `mtp_state`: this unit's
+        / the MTP's full tensors when the modules hold shards (FSDP: dmtp.training.fsdp.full_state); `dtype`: the
+        floating tensors' precision on disk (None: as held)."""
         state = self.state_dict() if state is None else state
         own = lambda prefix: {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}  # noqa: E731
         tensors = {INJECTION_PREFIX + k: v.detach().contiguous() for k, v in own("injection.").items()}
@@ -305,11 +315,12 @@ def build_block_drafter(target, injection, mask_token_id: int, target_layer_ids:
                         **backbone_options) -> BlockDrafter:
     """A fresh drafter sized to `target` (conf/drafter/*.yaml, instantiated partially). `injection`: a
     variant name, or a factory taking (hidden_size, num_target_features, mask_token_id, block_size) such
-    as Hydra's partial of conf/injection/<name>.yaml. The tapped layers and the block width are resolved
-    first, so the injection knows its context width and slots before the backbone's fc is sized to it.
-    `backbone_options`: those of `dmtp.drafters.factory.build_drafter` (depth, architecture,
-    block_size, DFlash2 options, ...). `mtp_correction_rank`: a correction of the MTP's logits that trains
-    with the drafter (0: none; dmtp.models.mtp_correction)."""
+    as Hydra's partial of conf/injection/<name>.yaml.
+
+    The tapped layers and the block width are resolved first, so the injection knows its context width and slots
+    before the backbone's fc is sized to it. `backbone_options`: those of `dmtp.drafters.factory.build_drafter`
+    (depth, architecture, block_size, DFlash2 options, ...). `mtp_correction_rank`: a correction of the MTP's logits
+    that trains with the drafter (0: none; dmtp.models.mtp_correction)."""
     layer_ids = target_layer_ids_for(target, target_layer_ids, num_target_features)
     block_size = require_block_size(backbone_options.get("block_size", DFlashConfig.block_size), "drafter.block_size")
     inj = _make(injection, target.config.hidden_size, len(layer_ids), mask_token_id, block_size)

@@ -71,10 +71,11 @@ def read_drafter_config(path) -> dict:
 
 def load_drafter(path, dtype: torch.dtype = torch.float32):
     """Returns (drafter, extra_tensors, extra_config). config.json's `architectures` picks the class
-    (a registered architecture's published or DMTP name; anything else loads as DFlash v1). Strict on drafter tensors:
-    a missing, unexpected (under fc./hidden_norm./norm./layers./candidate_selector.) or mis-shaped tensor
-    raises ValueError. Other keys are extras. Checkpoints written by the reference package's classes load
-    too (their codebook names carry `.weight`)."""
+    (a registered architecture's published or DMTP name; anything else loads as DFlash v1).
+
+    Strict on drafter tensors: a missing, unexpected (under fc./hidden_norm./norm./layers./candidate_selector.) or
+    mis-shaped tensor raises ValueError. Other keys are extras. Checkpoints written by the reference package's
+    classes load too (their codebook names carry `.weight`)."""
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"drafter directory not found: {path}")

@@ -120,7 +120,9 @@ class DFlashConfig:
     def with_training_options(self, options: Mapping) -> "DFlashConfig":
         """This config with its architecture's training options taken from `options` (a run's drafter config)
         where they are given: an export carries none, so a run that continues one (`init_from`) trains on
-        the run's own schedule, not the defaults. Checked as any config is."""
+        the run's own schedule, not the defaults.
+
+        Checked as any config is."""
         given = {k: options[k] for k in self.training_options if options.get(k) is not None}
         return replace(self, **given) if given else self
 
@@ -166,8 +168,10 @@ class DFlashConfig:
     @classmethod
     def from_hf_config(cls, d: dict) -> "DFlashConfig":
         """Reads the published layout (`dflash_config` sub-dict) or the older one with block_size,
-        mask_token_id and target_layer_ids at top level. Missing block_size falls back to 16 (as Z2).
-        The config class is the registered one of `architectures` (DFlash v1 for any other name)."""
+        mask_token_id and target_layer_ids at top level.
+
+        Missing block_size falls back to 16 (as Z2). The config class is the registered one of `architectures`
+        (DFlash v1 for any other name)."""
         sub = d.get("dflash_config") or {}
 
         def pick(key, default=None):
@@ -204,8 +208,9 @@ class DFlashConfig:
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
     """Reference default taps: [T//2] for one draft layer, else round(1 + i*(T-4)/(n-1)).
-    For T <= 4 that formula leaves [0, T-1], so small targets get evenly spaced ids over 0..T-1 instead
-    (repeats only when n > T)."""
+
+    For T <= 4 that formula leaves [0, T-1], so small targets get evenly spaced ids over 0..T-1 instead (repeats
+    only when n > T)."""
     t, n = num_target_layers, num_draft_layers
     if t < 1 or n < 1:
         raise ValueError(f"need num_target_layers >= 1 and num_draft_layers >= 1, got {t}, {n}")
@@ -283,12 +288,13 @@ def attend_context_and_blocks(q, k, v, ctx_k, ctx_v, mask, groups: int = 1):
 def cached_block_mask(noise_positions: torch.Tensor, ctx_limit: torch.Tensor, width: int, causal: bool = False,
                       window: int | None = None) -> torch.Tensor:
     """`dflash_attention_mask` of one block per request whose rows sit in the context cache at their own
-    positions: boolean [B, 1, Q, width] over cache slots (slot = absolute position). Query q sees slot j iff
-    j < ctx_limit[q] (context) or j is one of the block's slots, with j <= pq when causal and |pq - j| <
-    window when windowed. noise_positions/ctx_limit [B, Q]: the block's consecutive positions, each at or
-    after its anchor ctx_limit, so the two parts never overlap; and since every context slot lies before
-    every query, the causal and window rules apply to both parts alike. Slots from ctx_limit up to the
-    block and after it (scratch rows of earlier rounds) stay hidden."""
+    positions: boolean [B, 1, Q, width] over cache slots (slot = absolute position).
+
+    Query q sees slot j iff j < ctx_limit[q] (context) or j is one of the block's slots, with j <= pq when causal
+    and |pq - j| < window when windowed. noise_positions/ctx_limit [B, Q]: the block's consecutive positions, each
+    at or after its anchor ctx_limit, so the two parts never overlap; and since every context slot lies before every
+    query, the causal and window rules apply to both parts alike. Slots from ctx_limit up to the block and after it
+    (scratch rows of earlier rounds) stay hidden."""
     slots = torch.arange(width, device=noise_positions.device)
     pq = noise_positions[:, :, None]
     in_block = (slots >= noise_positions[:, :1, None]) & (slots <= noise_positions[:, -1:, None])
@@ -303,10 +309,12 @@ def cached_block_mask(noise_positions: torch.Tensor, ctx_limit: torch.Tensor, wi
 @dataclass(frozen=True)
 class CachedContext:
     """Decoding's context for `DFlashDrafter.forward`: each layer's static K/V cache (slot = absolute
-    position), attended over its first `width` slots, one block per request. The block's own K/V go into
-    the cache at the block's positions instead of after a copy of it (module docstring). `ring`: the slots
-    of the sliding-window layers' caches when those are window caches (`dmtp.drafters.window_cache`: a
-    ring bounded by the window, read whole), None when every layer's cache is indexed by position."""
+    position), attended over its first `width` slots, one block per request.
+
+    The block's own K/V go into the cache at the block's positions instead of after a copy of it (module docstring).
+    `ring`: the slots of the sliding-window layers' caches when those are window caches
+    (`dmtp.drafters.window_cache`: a ring bounded by the window, read whole), None when every layer's cache is
+    indexed by position."""
     caches: Sequence[KVCache]
     width: int
     ring: int | None = None
@@ -397,6 +405,7 @@ class DFlashDrafter(nn.Module):
 
     def context_kv(self, ctx_hidden: torch.Tensor, ctx_positions: torch.Tensor):
         """Per layer (k, v) [B, hkv, C, d] for the projected context, RoPE'd at absolute positions.
+
         Context rows get no input_layernorm. Decoding can cache these rows and append new ones."""
         cos, sin = self._rope(ctx_positions, ctx_hidden.dtype)
         return [layer.self_attn.project_kv(ctx_hidden, cos, sin) for layer in self.layers]
@@ -405,11 +414,13 @@ class DFlashDrafter(nn.Module):
                 ctx_limit: torch.Tensor, block_ids: torch.Tensor, block_rows: int | None = None) -> torch.Tensor:
         """noise_embeds [B, Q, H] (any number of blocks flattened), noise_positions/ctx_limit/block_ids [B, Q],
         ctx_kv from `context_kv` over ctx_positions [B, C]. ctx_limit is each query's anchor position: it sees
-        context strictly before it. Invalid context slots: give them a position >= every ctx_limit.
-        block_rows: the rows are consecutive blocks of this many (block ids in order), so that many blocks
-        are attended in groups (`block_groups`); None: one group. Decoding passes a `CachedContext` instead (one
-        block per request at consecutive positions; the cache's slot is the position, so ctx_positions is not
-        read): the block's K/V are written into the caches. Returns hidden states [B, Q, H] after the final norm."""
+        context strictly before it.
+
+        Invalid context slots: give them a position >= every ctx_limit. block_rows: the rows are consecutive blocks
+        of this many (block ids in order), so that many blocks are attended in groups (`block_groups`); None: one
+        group. Decoding passes a `CachedContext` instead (one block per request at consecutive positions; the
+        cache's slot is the position, so ctx_positions is not read): the block's K/V are written into the caches.
+        Returns hidden states [B, Q, H] after the final norm."""
         b, rows = noise_positions.shape
         if isinstance(ctx_kv, CachedContext):
             groups = 1
@@ -453,6 +464,7 @@ class DFlashDrafter(nn.Module):
         """Extra training loss on top of the position-decayed CE (already normalised by sum(weights)).
         hidden [..., n, H]; labels/prev_tokens/weights [..., n]: gold token, the gold token before it,
         loss weight; `step` the optimizer step; `logits` optionally the precomputed `logits(hidden)`.
+
         DFlash v1 has none: an exact zero."""
         return torch.zeros((), device=hidden.device)
 

@@ -316,8 +316,10 @@ def walk_candidates(candidates: torch.Tensor, score_at, first_prev: torch.Tensor
     the token chosen at slot i-1 (`first_prev`, the anchor's, before slot 1) and its rank among slot i-1's
     candidates (0 before slot 1: a score table indexed by rank holds the anchor's row there); `sampler(scores)`
     -> (rank [...], its K probabilities or None) picks one. `forced` (tokens [..., n], where [..., n]): slots
-    whose token is given (the MTP's T1 in a DMTP block): the path goes through it. Returns (tokens [..., n],
-    probabilities over each slot's candidates [..., n, K], or None when the sampler gives none)."""
+    whose token is given (the MTP's T1 in a DMTP block): the path goes through it.
+
+    Returns (tokens [..., n], probabilities over each slot's candidates [..., n, K], or None when the sampler gives
+    none)."""
     prev_token = first_prev
     prev_rank = torch.zeros_like(first_prev)
     tokens, probs = [], []

@@ -24,9 +24,11 @@ def build_drafter(target, context_dim: int, mask_token_id: int, num_layers: int 
                   init_from_target_layers: bool = False, **architecture_options) -> DFlashDrafter:
     """Same width and heads as the target (its embedding and LM head are reused); `num_layers` deep.
     `architecture`: a registered drafter architecture's name (dmtp.drafters.registry.ARCHITECTURES);
-    `architecture_options`: its own config fields (e.g. DFlash2's conv_*/selector_*), which its config
-    class checks. `init_from_target_layers`: start each draft layer from one of the target's last
-    `num_layers` decoder layers (same names and shapes; the context path starts fresh)."""
+    `architecture_options`: its own config fields (e.g.
+
+    DFlash2's conv_*/selector_*), which its config class checks. `init_from_target_layers`: start each draft layer
+    from one of the target's last `num_layers` decoder layers (same names and shapes; the context path starts
+    fresh)."""
     arch = architecture_named(architecture)
     unknown = sorted(set(architecture_options) - set(arch.config.option_names()))
     if unknown:

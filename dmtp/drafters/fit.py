@@ -1,7 +1,9 @@
 """Whether a drafter fits what it is paired with: the target (it runs on the target's hidden states,
 embedding and LM head, and its target_layer_ids index the target's layers) and the injection (its fc
-reads the context the injection builds). One rule and one message per mismatch, wherever a drafter
-meets a target or an injection (building, training, init_from, loading for decoding)."""
+reads the context the injection builds).
+
+One rule and one message per mismatch, wherever a drafter meets a target or an injection (building, training,
+init_from, loading for decoding)."""
 from __future__ import annotations
 
 

@@ -1,8 +1,9 @@
 """The drafter architectures, each registered once: `@register_drafter(name=..., published=..., dmtp_published=...,
-config=...)` on its module class, in its own file (dflash.py, dflash2.py, dspark.py). Everything else reads
-`ARCHITECTURES`: the factory (`architecture=<name>`), and the checkpoint I/O (the class of a config.json's
-`architectures`). Importing `dmtp.drafters` imports every shipped architecture, so this module imports none.
-"""
+config=...)` on its module class, in its own file (dflash.py, dflash2.py, dspark.py).
+
+Everything else reads `ARCHITECTURES`: the factory (`architecture=<name>`), and the checkpoint I/O (the class of a
+config.json's `architectures`). Importing `dmtp.drafters` imports every shipped architecture, so this module imports
+none."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -59,7 +60,9 @@ def architecture_named(name: str) -> DrafterArchitecture:
 def method_name(variant: str, architecture: str, mtp_correction_rank: int = 0) -> str:
     """How every table names a drafter: its injection, its architecture when not DFlash (`raw_dflash+dspark`,
     `dual_anchor_zero_init+dspark`) and `+mtp_correction` when it corrects the MTP's proposals. `architecture`:
-    config.json's (published) name. The one rule: training's records, dmtp.infer's rows and the sweep report."""
+    config.json's (published) name.
+
+    The one rule: training's records, dmtp.infer's rows and the sweep report."""
     arch = ARCHITECTURES[architecture].name if architecture in ARCHITECTURES else "dflash"
     return variant + ("" if arch == "dflash" else f"+{arch}") + ("+mtp_correction" if mtp_correction_rank else "")
 

@@ -64,8 +64,9 @@ def compare_methods(cfg, named: set[str] | None = None) -> dict:
 
 def newest_drafter_for(target_cfg) -> Path:
     """The newest drafter under ./outputs or ./logs trained for the target being decoded (target.path,
-    else the embedded preset's cache directory, which need not be built yet); one line names it. None
-    found: the message saying how to get one, and exit status 1."""
+    else the embedded preset's cache directory, which need not be built yet); one line names it.
+
+    None found: the message saying how to get one, and exit status 1."""
     target = target_cfg.path or default_target_dir(target_cfg.preset)
     found = find_latest_drafter(target=target)
     if found is None:
@@ -100,8 +101,9 @@ def load(cfg, named: set[str]) -> Loaded:
 
 
 def with_mtp(target: LoadedTarget, drafter: LoadedDrafter | None, methods: list[str], named: set[str]):
-    """-> (the target's MTP, the drafter with the MTP it decodes with, the methods to run). An MTP that
-    does not load fails the methods asked for by name (never a quiet AR-only table) and skips the
+    """-> (the target's MTP, the drafter with the MTP it decodes with, the methods to run).
+
+    An MTP that does not load fails the methods asked for by name (never a quiet AR-only table) and skips the
     default ones, saying so."""
     model = drafter.model if drafter else None
     if not any(method_needs_mtp(m, model) for m in methods):
@@ -141,9 +143,11 @@ def prompts(cfg, target: LoadedTarget, decoders: dict):
 
 
 def decode_turns(cfg, decoders: dict, sampling, requests: list, workloads: dict, fit, tokenizer) -> dict:
-    """Decode every workload with every decoder. Multi-turn sets (MT-Bench): turn t+1 carries the model's
-    own answers so far; every method gets the same follow-up prompts (built from the first method's
-    answers; identical for all at temperature 0). Later turns are added to `workloads`."""
+    """Decode every workload with every decoder.
+
+    Multi-turn sets (MT-Bench): turn t+1 carries the model's own answers so far; every method gets the same
+    follow-up prompts (built from the first method's answers; identical for all at temperature 0). Later turns are
+    added to `workloads`."""
     decode = dict(max_new_tokens=cfg.max_new_tokens, sampling=sampling, batch_size=cfg.batch_size, seed=cfg.seed,
                   progress=cfg.progress)
     metrics = decode_workloads(decoders, workloads, warmup=cfg.warmup, **decode)
@@ -185,8 +189,10 @@ def run_record(cfg, loaded: Loaded, decoders: dict, workloads: dict) -> dict:
 
 def record_on_card(cfg, loaded: Loaded, text: str) -> None:
     """The printed comparison, as a section of the decoded drafter's model card (dmtp.models.model_card; one
-    section per run directory, so a rerun replaces its own). Only a card dmtp wrote is edited, and a card that
-    cannot be written is one line: the run's own outputs are already on disk."""
+    section per run directory, so a rerun replaces its own).
+
+    Only a card dmtp wrote is edited, and a card that cannot be written is one line: the run's own outputs are
+    already on disk."""
     drafter = loaded.drafter
     if drafter is None:
         return

@@ -96,8 +96,10 @@ def load_drafter_for(target, path, dtype, device, injection: str | None = None, 
                      block_size: int | None = None):
     """-> (drafter, label): the `BlockDrafter` at `path`, checked against `target`. `options`: its
     injection's decoding-time options (e.g. multi_mtp_zero_init's num_mtp_tokens / mtp_threshold);
-    `block_size`: verify a shorter block than it was trained with (None: its own). Both are named in
-    the label: `<method name>[k=v,...]` (the method name: injection, architecture, MTP correction)."""
+    `block_size`: verify a shorter block than it was trained with (None: its own).
+
+    Both are named in the label: `<method name>[k=v,...]` (the method name: injection, architecture, MTP
+    correction)."""
     from dmtp.drafters.block_drafter import load_block_drafter
     from dmtp.drafters.fit import require_target_fit
     from dmtp.models.provenance import target_mismatch

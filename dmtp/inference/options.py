@@ -30,9 +30,10 @@ def decode_options(cfg) -> SamplingConfig:
 
 
 def named_methods(cfg, overrides: list[str] | None = None) -> set[str]:
-    """The methods the user asked for by name: they must run or fail, never be skipped. With the command
-    line's `overrides`: every method of a `methods=` given there; from Python: a methods list other than
-    conf/infer.yaml's. `drafter=<dir>` always names the drafter."""
+    """The methods the user asked for by name: they must run or fail, never be skipped.
+
+    With the command line's `overrides`: every method of a `methods=` given there; from Python: a methods list other
+    than conf/infer.yaml's. `drafter=<dir>` always names the drafter."""
     if overrides is None:
         from omegaconf import OmegaConf
 

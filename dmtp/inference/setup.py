@@ -68,8 +68,9 @@ class LoadedTarget:
 
 def load_target(target_cfg, device: torch.device, dtype: torch.dtype, path: str | None = None) -> LoadedTarget:
     """Instantiate the conf/target node `target_cfg` (its `_target_`, as training does) on `device` in
-    `dtype`; `path` replaces target.path (e.g. the target a drafter was trained against). No path: the
-    embedded `preset`, built on first use."""
+    `dtype`; `path` replaces target.path (e.g. the target a drafter was trained against).
+
+    No path: the embedded `preset`, built on first use."""
     from dmtp.models.target import load_tokenizer
     from dmtp.tiny.targets import ensure_tiny_target
 

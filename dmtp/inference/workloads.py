@@ -11,9 +11,11 @@ from dmtp.serving.base import Decoder
 def decode_workloads(decoders: dict[str, Decoder], workloads: dict[str, list[list[int]]], *, max_new_tokens: int,
                      sampling: SamplingConfig, batch_size: int, seed: int = 0, warmup: bool = True,
                      progress: bool = False, previous: dict | None = None) -> dict:
-    """Run every decoder on every workload. Returns {"workloads": {wl: {method: summary}},
-    "overall": {method: summary}, "results": {(wl, method): DecodeResult}}. With `previous` (an earlier
-    return value), the new workloads are added to it and "overall" covers all of them."""
+    """Run every decoder on every workload.
+
+    Returns {"workloads": {wl: {method: summary}}, "overall": {method: summary}, "results": {(wl, method):
+    DecodeResult}}. With `previous` (an earlier return value), the new workloads are added to it and "overall"
+    covers all of them."""
     per_wl: dict[str, dict] = dict(previous["workloads"]) if previous else {}
     results = dict(previous["results"]) if previous else {}
     general = sampling

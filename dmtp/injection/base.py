@@ -111,12 +111,15 @@ class Injection(nn.Module):
     def mtp_fills_block(self) -> bool:
         """Whether every candidate of every decoding round is the MTP's (its chain covers the block and m is always
         all of it): the drafter's forward then proposes nothing that is verified, and decoding runs the MTP's chain
-        alone (`dmtp.decode.loop.build_proposer`). Fixed here: m = S, so whenever S = K."""
+        alone (`dmtp.decode.loop.build_proposer`).
+
+        Fixed here: m = S, so whenever S = K."""
         return self.uses_mtp and self.mtp_steps == self.num_candidates
 
     def sample_num_mtp(self, shape, draws=None, device=None) -> torch.Tensor:
-        """Training: m for each block [*shape] (long), from `draws` (dmtp.training.draws: `integers`). Fixed
-        here: every block holds M tokens."""
+        """Training: m for each block [*shape] (long), from `draws` (dmtp.training.draws: `integers`).
+
+        Fixed here: every block holds M tokens."""
         return torch.full(tuple(shape), self.max_mtp_tokens, dtype=torch.long, device=device)
 
     def choose_num_mtp(self, mtp_logits: torch.Tensor) -> torch.Tensor:
@@ -205,9 +208,10 @@ class LowRankResidual(nn.Module):
 
 class TokenHiddenFusion(nn.Module):
     """W [RMS_e(E(T1)); RMS_m(sg(h_mtp))]: MTP-style fusion of the candidate and its predicting hidden
-    (row-wise: any leading dims, e.g. [N, S, H] for the multi-step variant's T1..TS). The sg is
-    applied by `Injection.build_block`, so that a jointly trained MTP (model.train_mtp) gets the
-    block loss's gradient through h."""
+    (row-wise: any leading dims, e.g. [N, S, H] for the multi-step variant's T1..TS).
+
+    The sg is applied by `Injection.build_block`, so that a jointly trained MTP (model.train_mtp) gets the block
+    loss's gradient through h."""
 
     def __init__(self, hidden_size: int, zero_init: bool):
         super().__init__()

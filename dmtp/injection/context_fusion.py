@@ -1,5 +1,7 @@
 """Context fusion: context = [tapped target layers ; per-position MTP hidden], projected (n+1)H -> H
-by the drafter's own fc. Slots [T1, MASK x6]."""
+by the drafter's own fc.
+
+Slots [T1, MASK x6]."""
 import torch
 
 from dmtp.injection.base import Injection

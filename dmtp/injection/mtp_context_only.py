@@ -1,4 +1,6 @@
-"""MTP context only: the drafter's context is the per-position MTP hidden alone. Slots [T1, MASK x6]."""
+"""MTP context only: the drafter's context is the per-position MTP hidden alone.
+
+Slots [T1, MASK x6]."""
 from dmtp.injection.base import Injection
 from dmtp.injection.catalogue import register_variant
 

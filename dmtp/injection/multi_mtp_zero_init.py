@@ -1,7 +1,9 @@
 """Adaptive multi-step MTP before the block (the blog's "next steps"): the MTP proposes T1..Tm, the
-drafter fills the rest of the block in one forward. Dual-anchor zero-init slots for every m:
-[E(A), E(T1) + D1, ..., E(Tm) + Dm, MASK x (B - 1 - m)], D_j = W[RMS_e(E(T_j)); RMS_m(sg(h_j))] with one
-shared zero-initialised W (h_j: the MTP hidden that predicted T_j along its own chain).
+drafter fills the rest of the block in one forward.
+
+Dual-anchor zero-init slots for every m: [E(A), E(T1) + D1, ..., E(Tm) + Dm, MASK x (B - 1 - m)], D_j =
+W[RMS_e(E(T_j)); RMS_m(sg(h_j))] with one shared zero-initialised W (h_j: the MTP hidden that predicted T_j along
+its own chain).
 
 One W for every j, not one per position: every D_j is the same job (fuse a token with the hidden
 that predicted it), m = 1 is then exactly `dual_anchor_zero_init` (same tensors, same function), and

@@ -101,10 +101,11 @@ class GDNCache:
     """One GDN layer's decoding state: `conv` [B, C, K-1] (model dtype) and `state` [B, H, dk, dv]
     (fp32), both as of each request's committed length; plus what the last verify block saw:
     `window` [B, C, K-1+S] (the old conv state followed by the S rows' conv inputs) and `rows`
-    [B, S, H, dk, dv] (the recurrent state after each row). Rows are buffers allocated once per
-    block width and kept per width (a round may verify fewer rows than the block: verify_length), outside
-    any CUDA-graph capture (the first verify of a width runs eagerly); `window` / `rows` are the last
-    verify's, which `commit` reads."""
+    [B, S, H, dk, dv] (the recurrent state after each row).
+
+    Rows are buffers allocated once per block width and kept per width (a round may verify fewer rows than the
+    block: verify_length), outside any CUDA-graph capture (the first verify of a width runs eagerly); `window` /
+    `rows` are the last verify's, which `commit` reads."""
 
     def __init__(self, batch, channels, kernel, heads, head_k_dim, head_v_dim, dtype, device):
         self.conv = torch.zeros(batch, channels, kernel - 1, dtype=dtype, device=device)

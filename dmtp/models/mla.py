@@ -46,8 +46,9 @@ def mla_softmax_scale(qk_head_dim: int, rope_parameters: dict | None) -> float:
 
 class MLACache:
     """Static per-layer latent cache: `c_kv` [B, Lmax, kv_lora_rank] (normed) and `k_pe` [B, Lmax,
-    qk_rope_head_dim] (roped), written at per-request positions. Never sliced: stale rows are hidden by
-    the caller's mask and overwritten by later writes."""
+    qk_rope_head_dim] (roped), written at per-request positions.
+
+    Never sliced: stale rows are hidden by the caller's mask and overwritten by later writes."""
 
     def __init__(self, batch: int, max_len: int, kv_lora_rank: int, rope_dim: int, dtype, device):
         self.c_kv = torch.zeros(batch, max_len, kv_lora_rank, dtype=dtype, device=device)

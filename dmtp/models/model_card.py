@@ -51,8 +51,10 @@ def card_header(meta: dict, config: dict) -> str:
 
 
 def write_card(drafter_dir: str | Path, meta: dict, config: dict, train_config: dict | None = None) -> Path:
-    """(Re)write the card from the export. A new export starts a new card: the sections added to an earlier
-    one (walk, dmtp.infer tables) measured other weights."""
+    """(Re)write the card from the export.
+
+    A new export starts a new card: the sections added to an earlier one (walk, dmtp.infer tables) measured other
+    weights."""
     import yaml
 
     parts = [card_header(meta, config)]
@@ -65,8 +67,10 @@ def write_card(drafter_dir: str | Path, meta: dict, config: dict, train_config: 
 
 
 def set_card_section(drafter_dir: str | Path, key: str, title: str, body: str, fenced: bool = True) -> bool:
-    """Put section `key` in the card (replacing its earlier text, else appended). False, and nothing written,
-    when the directory has no dmtp card (a drafter exported elsewhere: its README is not ours to edit)."""
+    """Put section `key` in the card (replacing its earlier text, else appended).
+
+    False, and nothing written, when the directory has no dmtp card (a drafter exported elsewhere: its README is not
+    ours to edit)."""
     path = Path(drafter_dir) / CARD_NAME
     if not path.is_file():
         return False

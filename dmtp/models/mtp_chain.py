@@ -72,8 +72,9 @@ def chain_mtp(mtp, first_hidden: torch.Tensor, steps: int,
 
 
 class _SlotCache:
-    """A block's cache whose writes land at `slots` instead of at the rows' positions. Under autograd
-    (a jointly trained MTP), each write goes to a fresh copy, so the tensors an earlier step's
+    """A block's cache whose writes land at `slots` instead of at the rows' positions.
+
+    Under autograd (a jointly trained MTP), each write goes to a fresh copy, so the tensors an earlier step's
     attention saved for backward are never modified in place."""
 
     def __init__(self, cache):

@@ -1,6 +1,7 @@
 """A target checkpoint's native MTP tensors: where they are, what they are called, how they are read
-(dequantised, checked), and the tuned copy saved beside a drafter. Knows no family: the MTP is built and
-loaded by `dmtp.families.mtp_loading.load_native_mtp`, which reads these.
+(dequantised, checked), and the tuned copy saved beside a drafter.
+
+Knows no family: the MTP is built and loaded by `dmtp.families.mtp_loading.load_native_mtp`, which reads these.
 
 Layouts (see shared/reference/mtp.md):
 - `mtp.*`: Qwen3-Next / Qwen3.5 / Qwen3.6 naming (also the embedded tiny target, with a Qwen3 block):
@@ -138,7 +139,9 @@ def mtp_tensor_names(keys: list[str], cfg: dict) -> tuple[str, dict[str, str]]:
 
 def dequantize_fp8(weight: torch.Tensor, scale_inv: torch.Tensor, block: int | tuple[int, int] = 128) -> torch.Tensor:
     """DeepSeek-V3 FP8 block quantisation: weight * scale_inv per block (128x128 in the releases; the
-    config's `quantization_config.weight_block_size` when given). Ragged edge blocks are cropped."""
+    config's `quantization_config.weight_block_size` when given).
+
+    Ragged edge blocks are cropped."""
     rows, cols = weight.shape
     br, bc = (block, block) if isinstance(block, int) else block
     scale = scale_inv.float().repeat_interleave(br, 0)[:rows].repeat_interleave(bc, 1)[:, :cols]

@@ -66,7 +66,9 @@ def rope_tables(cos: torch.Tensor, sin: torch.Tensor):
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [B, heads, T, d]; cos/sin from `rope_cos_sin` / `rope_tables`: [B, 1, T, r] with r <= d (partial
-    rotary rotates the first r dims). Equals x * cos + rotate_half(x) * sin with the plain tables, bitwise."""
+    rotary rotates the first r dims).
+
+    Equals x * cos + rotate_half(x) * sin with the plain tables, bitwise."""
     r = cos.shape[-1]
     if r == x.shape[-1]:
         return x * cos + torch.roll(x, r // 2, dims=-1) * sin
@@ -76,9 +78,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The additive form of a boolean mask (True = attend) for `attend`: 0 where visible, the dtype's
-    most negative finite value elsewhere. Build it once per forward: SDPA would convert a boolean mask
-    in every layer. Finite, so a fully masked row (padding scratch, whose output is unused) averages
-    its keys instead of giving NaN; any row with a visible key gets exactly its masked softmax."""
+    most negative finite value elsewhere.
+
+    Build it once per forward: SDPA would convert a boolean mask in every layer. Finite, so a fully masked row
+    (padding scratch, whose output is unused) averages its keys instead of giving NaN; any row with a visible key
+    gets exactly its masked softmax."""
     return torch.full(mask.shape, torch.finfo(dtype).min, dtype=dtype, device=mask.device).masked_fill_(mask, 0.0)
 
 
@@ -95,8 +99,10 @@ _gqa_mode = "auto"
 
 
 def set_gqa_mode(mode: str) -> str:
-    """Choose how `attend` handles grouped K/V heads (GQA_MODES); returns the previous mode. A process-wide
-    setting for benchmarks and tests (tools/bench/profile_decode.py compares them); decoding never needs it."""
+    """Choose how `attend` handles grouped K/V heads (GQA_MODES); returns the previous mode.
+
+    A process-wide setting for benchmarks and tests (tools/bench/profile_decode.py compares them); decoding never
+    needs it."""
     global _gqa_mode
     if mode not in GQA_MODES:
         raise ValueError(f"gqa mode must be one of {', '.join(GQA_MODES)}, got {mode!r}")
@@ -113,7 +119,9 @@ def gqa_mode(device) -> str:
 
 def _grouped_attention(q, k, v, mask):
     """GQA as equal-head attention: query head j*g + i (K/V head j) becomes row i*Tq + s of K/V head j's
-    query block. Softmax is per row, so this is the same attention; only K/V are read once."""
+    query block.
+
+    Softmax is per row, so this is the same attention; only K/V are read once."""
     b, h, t, d = q.shape
     hkv = k.shape[1]
     g = h // hkv
@@ -134,7 +142,9 @@ def _grouped_attention(q, k, v, mask):
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """Scaled dot-product attention with GQA. q [B,h,Tq,d], k/v [B,hkv,Tk,d]; mask [B,1|h,Tq,W] boolean
     (True = attend) or additive float (`additive_mask`), W <= Tk: keys at W and after are not attended
-    (a static cache's slots past the live span). Grouped heads: see GQA_MODES."""
+    (a static cache's slots past the live span).
+
+    Grouped heads: see GQA_MODES."""
     if mask is not None and mask.shape[-1] < k.shape[2]:
         k, v = k[:, :, :mask.shape[-1]], v[:, :, :mask.shape[-1]]
     if mask is not None and mask.dtype == torch.bool:

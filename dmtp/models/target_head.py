@@ -1,6 +1,8 @@
 """What a drafter trained from cached features reads of its target: the config, the input embedding and the
-LM head, and nothing else (`TargetHead`). The decoder is never loaded, so a 397B target costs its embedding
-and head (2 x vocab x hidden values), not its weights; asking it for a forward is an error.
+LM head, and nothing else (`TargetHead`).
+
+The decoder is never loaded, so a 397B target costs its embedding and head (2 x vocab x hidden values), not its
+weights; asking it for a forward is an error.
 
 The tensors are read strictly from the checkpoint's safetensors (`model.safetensors` or its index): the one
 `*embed_tokens.weight` outside the MTP, and `lm_head.weight` unless the config ties it to the embedding.

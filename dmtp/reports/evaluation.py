@@ -1,8 +1,9 @@
 """The table a training run ends with when it decodes under the evaluation protocol (decode_eval; the quick
 start's): per workload, in each decoding mode side by side, the drafter's tau and the target's own MTP415 chain's
 on the same prompts, each with its 95% bootstrap interval over the prompts, and the paired change with the
-verdict the intervals allow ("beats", "loses to", or "~" within noise). From the "eval" record of metrics.json
-(dmtp.training.evaluate)."""
+verdict the intervals allow ("beats", "loses to", or "~" within noise).
+
+From the "eval" record of metrics.json (dmtp.training.evaluate)."""
 from __future__ import annotations
 
 from dmtp.reports.intervals import bootstrap_interval, paired_ratio, separated

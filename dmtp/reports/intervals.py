@@ -37,7 +37,9 @@ def _groups(values) -> list[np.ndarray]:
 def bootstrap_interval(values, level: float = LEVEL, resamples: int = RESAMPLES, seed: int = 0
                        ) -> tuple[float, float] | None:
     """values: request taus [..] (one seed) or [[..], [..], ...] (per seed) -> (low, high) percentile interval
-    of the mean, or None without data. A single request has a zero-width interval."""
+    of the mean, or None without data.
+
+    A single request has a zero-width interval."""
     groups = _groups(values)
     if not groups:
         return None

@@ -121,9 +121,11 @@ def write_csv(rows: list[dict], path: Path) -> None:
 
 
 def workloads(rows: list[dict]) -> list[str]:
-    """The workloads with a tau. Where jobs decoded their held-out prompts, those; the validation walk's domains
-    (`walk/<domain>`, other prompts: the validation split's) only where nothing was decoded, so that no table
-    puts figures measured on different prompts side by side."""
+    """The workloads with a tau.
+
+    Where jobs decoded their held-out prompts, those; the validation walk's domains (`walk/<domain>`, other prompts:
+    the validation split's) only where nothing was decoded, so that no table puts figures measured on different
+    prompts side by side."""
     found = {k[: -len("/tau")] for r in rows for k in r if k.endswith("/tau") and isinstance(r[k], (int, float))}
     decoded = {w for w in found if not w.startswith("walk/")}
     return sorted(decoded or found)

@@ -36,8 +36,9 @@ def format_table(
     float_digits: int = 3,
     title: str | None = None,
 ) -> str:
-    """Aligned plain-text table. Numbers are right-aligned, other cells left-aligned;
-    missing values and ``None`` print as ``-``."""
+    """Aligned plain-text table.
+
+    Numbers are right-aligned, other cells left-aligned; missing values and ``None`` print as ``-``."""
     header = [str(c) for c in columns]
     body = [[_fmt_cell(row.get(c), float_digits) for c in columns] for row in rows]
     numeric = [

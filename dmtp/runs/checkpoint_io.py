@@ -27,8 +27,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 class BackgroundCheckpointIO(AsyncCheckpointIO):
     """`AtomicCheckpointIO` in a background thread, on a host snapshot of the checkpoint taken before returning
-    (never a second copy on the device). One write at a time; a failed write is raised at the next save or when
-    training ends (Lightning's AsyncCheckpointIO contract), so it still ends the command with one line."""
+    (never a second copy on the device).
+
+    One write at a time; a failed write is raised at the next save or when training ends (Lightning's
+    AsyncCheckpointIO contract), so it still ends the command with one line."""
 
     def __init__(self):
         super().__init__(AtomicCheckpointIO())

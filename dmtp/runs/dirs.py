@@ -1,7 +1,8 @@
 """Where a training run's files are: `<run>/checkpoints/*.ckpt`, and which run directory `resume=` /
-`ckpt_path=` continue in. Path rules only (no torch): the config resolvers (dmtp.resolvers, on `import dmtp`)
-need them before anything heavy, and dmtp.runs.resume builds the resume on them.
-"""
+`ckpt_path=` continue in.
+
+Path rules only (no torch): the config resolvers (dmtp.resolvers, on `import dmtp`) need them before anything heavy,
+and dmtp.runs.resume builds the resume on them."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -47,8 +48,9 @@ def resumed_run_dir(resume: str | None, ckpt_path: str | None) -> Path | None:
 
 
 def hydra_run_dir(resume, ckpt_path, default: str) -> str:
-    """`hydra.run.dir` (resolver `dmtp_run_dir`): the resumed run's directory, else `default`. Never
-    raises: a bad resume/ckpt_path is reported by `train` as one line, not by Hydra as a traceback."""
+    """`hydra.run.dir` (resolver `dmtp_run_dir`): the resumed run's directory, else `default`.
+
+    Never raises: a bad resume/ckpt_path is reported by `train` as one line, not by Hydra as a traceback."""
     try:
         run_dir = resumed_run_dir(resume, ckpt_path)
     except (ValueError, OSError):

@@ -44,7 +44,9 @@ class RunPlan:
 def plan_run(cfg: DictConfig, overrides: list[str] | None) -> RunPlan:
     """The run `cfg` asks for. `resume=` runs the run's own recorded config with the options given now that a
     resume may change (`overrides`: the command line's; None: every key of `cfg` counts as given); `ckpt_path=`
-    runs the config given. Either way a continued run stays in its own directory (Hydra already points there)."""
+    runs the config given.
+
+    Either way a continued run stays in its own directory (Hydra already points there)."""
     by_resume = bool(cfg.get("resume"))
     ckpt_path, resumed_dir = resume_plan(cfg.get("resume"), cfg.ckpt_path)
     if ckpt_path is None:

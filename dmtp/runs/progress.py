@@ -1,5 +1,7 @@
-"""Training progress. On a terminal: the bar, counting optimizer steps (dmtp trains for `max_steps` with
-max_epochs=-1, and Lightning's own description would read `Epoch 0/-2`). In a log file: `ProgressLines`."""
+"""Training progress.
+
+On a terminal: the bar, counting optimizer steps (dmtp trains for `max_steps` with max_epochs=-1, and Lightning's
+own description would read `Epoch 0/-2`). In a log file: `ProgressLines`."""
 from __future__ import annotations
 
 import sys

@@ -56,7 +56,9 @@ def resume_plan(resume: str | None, ckpt_path: str | None) -> tuple[Path | None,
 
 def claim_run_dir(run_dir: str | Path, resuming: bool) -> None:
     """Mark `run_dir` as this run's, or fail if another run already holds it (its marker, checkpoints or
-    drafter). A run resumed in its own directory keeps it."""
+    drafter).
+
+    A run resumed in its own directory keeps it."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     marker = run_dir / RUN_MARKER
@@ -80,11 +82,12 @@ BLOCK_DRAFTER_CHILDREN = ("drafter.backbone.", "drafter.injection.", "drafter.mt
 
 
 def current_key(key: str) -> str:
-    """A checkpoint tensor's name in today's module. Checkpoints written before the drafter became one
-    module (`BlockDrafter`) hold the backbone as `drafter.*` and the injection as
-    `injection.*`; both now live under `drafter.` (`drafter.backbone.*`, `drafter.injection.*`), in
-    the same parameter order, so such a run resumes exactly. The MTP correction (`drafter.mtp_correction.*`)
-    came after the one unit, so its names are today's already."""
+    """A checkpoint tensor's name in today's module.
+
+    Checkpoints written before the drafter became one module (`BlockDrafter`) hold the backbone as `drafter.*` and
+    the injection as `injection.*`; both now live under `drafter.` (`drafter.backbone.*`, `drafter.injection.*`), in
+    the same parameter order, so such a run resumes exactly. The MTP correction (`drafter.mtp_correction.*`) came
+    after the one unit, so its names are today's already."""
     if key.startswith("injection."):
         return "drafter." + key
     if key.startswith("drafter.") and not key.startswith(BLOCK_DRAFTER_CHILDREN):

@@ -1,5 +1,7 @@
 """The one list of engines: `engine=<name>` (dmtp.infer), `data.regen_engine=<name>` (training) and the
-benches look an engine up here by name. A new engine is a file in this package and one entry below."""
+benches look an engine up here by name.
+
+A new engine is a file in this package and one entry below."""
 from __future__ import annotations
 
 from dmtp.serving import dmtp_loop

@@ -37,10 +37,11 @@ class DomainStreams:
 
 
 def joint_losses(model, mtp: NativeMTP, ids: torch.Tensor, chain_depth: int = 1):
-    """The causal LM's next-token loss and the MTP's, summed over `chain_depth` chained steps. Depth 1 is the
-    MTP as pretrained by the Qwen3.5 recipe: g1[:, t] = MTP(x_t, h_{t-1}) predicts x_{t+1}. Depth d feeds the
-    MTP its own previous output instead of the target's hidden, g_d[:, t] = MTP(x_t, g_{d-1}[:, t-1]), as the
-    decoding chain does (step j+1 consumes T_j and the hidden that predicted it), so a chained step sees at
+    """The causal LM's next-token loss and the MTP's, summed over `chain_depth` chained steps.
+
+    Depth 1 is the MTP as pretrained by the Qwen3.5 recipe: g1[:, t] = MTP(x_t, h_{t-1}) predicts x_{t+1}. Depth d
+    feeds the MTP its own previous output instead of the target's hidden, g_d[:, t] = MTP(x_t, g_{d-1}[:, t-1]), as
+    the decoding chain does (step j+1 consumes T_j and the hidden that predicted it), so a chained step sees at
     training the inputs it sees when drafting; DeepSeek-V3's sequential MTP modules, one module shared."""
     out = model.model(input_ids=ids, use_cache=False)  # no cache: nothing is decoded from here
     hidden = out.last_hidden_state                      # post final norm

@@ -33,7 +33,9 @@ def _recorded_hashes(path: Path) -> dict[str, str]:
 
 def unpack_shipped(out_dir: Path, progress: bool = True) -> Path | None:
     """Copy the shipped build of `out_dir`'s target into `out_dir` (checked, then published whole); None when the
-    package ships none for it. A shipped file that does not match its recorded sha256 is refused in one line."""
+    package ships none for it.
+
+    A shipped file that does not match its recorded sha256 is refused in one line."""
     out_dir = Path(out_dir)
     source = shipped_copy(out_dir.name)
     if source is None:

@@ -70,7 +70,9 @@ def ensure_tiny_target(preset: str = "tiny", out_dir: str | Path | None = None, 
 def load_target(path: str | None = None, preset: str = "tiny", dtype: str = "float32", device: str = "cpu",
                 trust_remote_code: bool = False, attn_implementation: str | None = "sdpa") -> TargetModel:
     """Hydra entry point (conf/target): a checkpoint path, or (path=None) the embedded tiny target of `preset`,
-    built on first use and cached. It lives here, above dmtp.models, so the runtime never imports its builder."""
+    built on first use and cached.
+
+    It lives here, above dmtp.models, so the runtime never imports its builder."""
     if path is None:
         path = str(ensure_tiny_target(preset))
     return TargetModel.from_pretrained(path, dtype=getattr(torch, dtype), device=device,

@@ -1,7 +1,9 @@
 """Teacher-forced drafting of many blocks at once: one code path for the training loss and the
-exact validation walk. Given a sequence, its target features and anchors, the drafter drafts every
-block in one forward (`BlockDrafter.draft_block`, the function the decoding loop and the reference
-round call too); blocks never see each other (see `dflash_attention_mask`).
+exact validation walk.
+
+Given a sequence, its target features and anchors, the drafter drafts every block in one forward
+(`BlockDrafter.draft_block`, the function the decoding loop and the reference round call too); blocks never see each
+other (see `dflash_attention_mask`).
 
 A block's MTP inputs (`MTPBlockInputs`): T1..TS and the hiddens that predicted them. h_1 = g_a comes
 from the teacher-forced MTP pass; for S > 1 (the multi-step variant) h_2..h_S come from the MTP's
@@ -72,8 +74,10 @@ def mtp_block_inputs(mtp, feats: TeacherFeatures, anchors: torch.Tensor, steps: 
 
 def sample_anchors(valid: torch.Tensor, num_anchors: int, generator: torch.Generator | None = None,
                    draws: "BatchDraws | RowDraws | None" = None):
-    """valid [B, T] bool -> (anchors [B, N] sorted, keep [B, N] bool). Uniform without replacement, drawn
-    from `draws` (dmtp.training.draws), else from `generator` (else the global RNG)."""
+    """valid [B, T] bool -> (anchors [B, N] sorted, keep [B, N] bool).
+
+    Uniform without replacement, drawn from `draws` (dmtp.training.draws), else from `generator` (else the global
+    RNG)."""
     keys = (draws or BatchDraws(generator)).uniform(valid.shape, valid.device)
     keys = keys.masked_fill(~valid, 2.0)
     n = max(1, min(num_anchors, int(valid.sum(1).max().item())))
@@ -104,10 +108,11 @@ def draft_blocks(drafter: BlockDrafter, embed_weight: torch.Tensor, feats: Teach
                  anchors: torch.Tensor, keep: torch.Tensor, mtp_inputs: "torch.Tensor | MTPBlockInputs | None",
                  mtp_grad: bool = False, lm_head_weight: torch.Tensor | None = None) -> DraftedBlock:
     """Draft every (sequence, anchor) block in one forward. anchors/keep [B, N]; mtp_inputs: the blocks'
-    `MTPBlockInputs`, or just T1 [B, N] (one MTP token, h_1 = g_a), or None (no MTP token). The
-    context: the whole sequence's features, each block seeing the positions before its anchor (a
-    dropped anchor sees none; its outputs carry zero loss weight). With `lm_head_weight`, the
-    candidates too. -> `DraftedBlock` (hidden states at the predicted slots [B, N, n_pred, H], ...)."""
+    `MTPBlockInputs`, or just T1 [B, N] (one MTP token, h_1 = g_a), or None (no MTP token).
+
+    The context: the whole sequence's features, each block seeing the positions before its anchor (a dropped anchor
+    sees none; its outputs carry zero loss weight). With `lm_head_weight`, the candidates too. -> `DraftedBlock`
+    (hidden states at the predicted slots [B, N, n_pred, H], ...)."""
     b, _ = anchors.shape
     ids = feats.input_ids
     if isinstance(mtp_inputs, torch.Tensor):

@@ -21,9 +21,10 @@ from dmtp.tiny.targets import ensure_tiny_target
 
 
 def build_components(cfg: DictConfig):
-    """Everything `fit` needs, from the composed config (also used by tests and sweeps). With `data.features`
-    the target's decoder is never loaded: its embedding and LM head only (`feature_target`), the features of
-    every row coming from the offline cache (dmtp.datagen.feature_cache)."""
+    """Everything `fit` needs, from the composed config (also used by tests and sweeps).
+
+    With `data.features` the target's decoder is never loaded: its embedding and LM head only (`feature_target`),
+    the features of every row coming from the offline cache (dmtp.datagen.feature_cache)."""
     features = uses_feature_cache(cfg)
     target = feature_target(cfg) if features else instantiate(cfg.target, device=target_device(cfg))
     tokenizer = load_tokenizer(target.path)

@@ -115,10 +115,11 @@ _STORED_DEFAULT = {f.name: f.default for f in fields(FeatureSpec)}
 @dataclass(frozen=True)
 class FeatureOptions:
     """`enabled`: train from the offline feature cache of the same rows (captured by `python -m dmtp.prepare
-    step=capture`), the target's decoder never loaded. What the cache stores (dmtp.datagen.feature_spec):
-    `codec` (fp32 | bf16 | fp16 | fp8 | lowrank with `rank` / `mtp_rank`), the MTP's hidden, the last hidden,
-    the labels (`labels`: none | greedy | topk with `top_k`); `shard_rows` rows per shard, captured
-    `batch_size` rows at a time."""
+    step=capture`), the target's decoder never loaded.
+
+    What the cache stores (dmtp.datagen.feature_spec): `codec` (fp32 | bf16 | fp16 | fp8 | lowrank with `rank` /
+    `mtp_rank`), the MTP's hidden, the last hidden, the labels (`labels`: none | greedy | topk with `top_k`);
+    `shard_rows` rows per shard, captured `batch_size` rows at a time."""
     enabled: bool = False
     codec: str = _STORED_DEFAULT["codec"]
     rank: int | None = _STORED_DEFAULT["rank"]
@@ -183,8 +184,9 @@ DATA_MODULE = "dmtp.training.datamodule.data_module"   # conf/data's entry point
 def checked_before_loading(data_cfg) -> dict[str, object] | None:
     """conf/data's options checked before anything heavy (dmtp.train, before the target loads): each record's own
     checks, and every `data.val_sets` file read (missing, unreadable or not the named set's format: its one line),
-    so a wrong file is said in seconds, not after the target has loaded and the training data is written. None for
-    another data module than dmtp's."""
+    so a wrong file is said in seconds, not after the target has loaded and the training data is written.
+
+    None for another data module than dmtp's."""
     from dmtp.data.evalsets import load_eval_set
 
     if data_cfg.get("_target_") != DATA_MODULE:

@@ -151,7 +151,9 @@ class DraftDataModule(L.LightningDataModule):
     def _regenerated_rows(self) -> list[dict]:
         """DFlash/SpecForge recipe: the target writes the responses (`dmtp.datagen.regenerate`, the project's
         own batched decoding, cached and resumable) to prompts taken at paragraph starts spread over the
-        training split of each domain; the loss covers the response only. Labels are its own outputs."""
+        training split of each domain; the loss covers the response only.
+
+        Labels are its own outputs."""
         prompts = self._regen_prompts()
         conts = self._regenerate(prompts, self.regen.settings(self.seed))
         # One row width: the longest prompt (a corpus of exchanges has whole requests of many lengths; cut
@@ -164,8 +166,9 @@ class DraftDataModule(L.LightningDataModule):
     def _val_rows(self, domain: str, prompts: list[list[int]] | None = None) -> list[dict]:
         """Held-out rows of `domain`: its prompts (the embedded corpus's: `val_prompt_len` tokens of a document or
         a whole request; or a prompt file's, each cut to its last `val_prompt_len` tokens) and the target's greedy
-        continuation, regenerated once and cached (dmtp.datagen.regenerate). Rows share one length (the longest
-        prompt's): a shorter prompt leaves EOS padding at the end."""
+        continuation, regenerated once and cached (dmtp.datagen.regenerate).
+
+        Rows share one length (the longest prompt's): a shorter prompt leaves EOS padding at the end."""
         p, new = self.val.prompt_len, self.val.new_tokens
         if prompts is None:
             prompts = held_out_prompts(self.tokenizer, domain, "validation", self.val.prompts, p, self.corpus)

@@ -1,8 +1,10 @@
 """After training, decode the held-out workloads with the one loop under the evaluation protocol (README
 "Evaluation protocol"): the trained drafter and, in the same process and on the same prompts, the baselines
 (target-only AR and the target's own MTP415 chain), in each decoding mode asked for (greedy, and sampled at a
-temperature with a verification rule). The modules are the trained ones, in memory: only the decoders are built,
-by the one setup loader's `build_decoder` (dmtp.inference.setup), as dmtp.infer and the benchmarks build theirs.
+temperature with a verification rule).
+
+The modules are the trained ones, in memory: only the decoders are built, by the one setup loader's `build_decoder`
+(dmtp.inference.setup), as dmtp.infer and the benchmarks build theirs.
 
 Returns the record metrics.json keeps under "eval" (per mode, workload and method: tau, each request's tau for
 the bootstrap intervals, T1, P(L>=k), tok/s, speed-up vs AR) plus, for the first greedy mode's drafter, the flat

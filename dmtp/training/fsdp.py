@@ -48,6 +48,7 @@ def shard_trainable(module: nn.Module, frozen: list[nn.Module], mesh, shard_froz
 @contextmanager
 def gathered(module: nn.Module):
     """`module`'s sharded weights gathered for use outside its forward (the validation walk), then freed.
+
     A collective: every rank enters it. No-op when nothing is sharded."""
     if not is_sharded(module):
         yield
@@ -74,8 +75,10 @@ def full_state(module: nn.Module, skip: tuple[str, ...] = ()) -> dict[str, torch
 
 class DrafterFSDPStrategy(ModelParallelStrategy):
     """Lightning's FSDP2 strategy, data-parallel only (every rank one shard of the data-parallel mesh), with
-    checkpoints of the trainable state only. `shard_target`: see the module docstring. The sharding itself
-    is the LightningModule's `configure_model` (Lightning's contract), which reads `shard_target` here."""
+    checkpoints of the trainable state only. `shard_target`: see the module docstring.
+
+    The sharding itself is the LightningModule's `configure_model` (Lightning's contract), which reads
+    `shard_target` here."""
 
     def __init__(self, shard_target: bool = False, **kwargs) -> None:
         if not isinstance(shard_target, bool):
@@ -102,8 +105,9 @@ class DrafterFSDPStrategy(ModelParallelStrategy):
         return self.device_mesh["data_parallel"]
 
     def lightning_module_state_dict(self) -> dict:
-        """The trainable tensors, gathered whole (every rank takes part; rank 0 writes them). The frozen
-        target and MTP are skipped before anything is gathered or copied."""
+        """The trainable tensors, gathered whole (every rank takes part; rank 0 writes them).
+
+        The frozen target and MTP are skipped before anything is gathered or copied."""
         module = self.lightning_module
         return full_state(module, skip=tuple(module.checkpoint_excludes))
 

@@ -33,8 +33,9 @@ def train(cfg: DictConfig, callbacks=(), overrides: list[str] | None = None, rec
     """Run one training job; `callbacks` are extra Lightning callbacks (notebooks, tests). `overrides`: the
     options given on the command line, which `resume=` checks (dmtp.runs.recorded_config); None: all of `cfg`.
     `record`: Hydra's record of the command (dmtp.runs.records.hydra_record), written once the run holds its
-    directory. A run that stops before its first step leaves its directory as it found it
-    (dmtp.runs.first_step)."""
+    directory.
+
+    A run that stops before its first step leaves its directory as it found it (dmtp.runs.first_step)."""
     given = OmegaConf.select(cfg, "paths.output_dir", throw_on_resolution_failure=False)   # None: set by resume=
     given_dir = Path(given) if given else None
     start = UntilFirstStep(given_dir, made=given_dir is not None and (created_by_this_command(given_dir)

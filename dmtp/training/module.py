@@ -102,7 +102,9 @@ class DMTPModule(L.LightningModule):
     def configure_model(self) -> None:
         """Under the FSDP strategy (dmtp.training.fsdp; Lightning calls this with its device mesh set), shard
         the trainable parts as one unit, the frozen target and MTP left out (or the target's decoder layers
-        sharded layer by layer with `shard_target`). Other strategies have no mesh: nothing to do."""
+        sharded layer by layer with `shard_target`).
+
+        Other strategies have no mesh: nothing to do."""
         if self.device_mesh is None or is_sharded(self.drafter):
             return
         strategy = self.trainer.strategy
@@ -135,10 +137,11 @@ class DMTPModule(L.LightningModule):
 
     def block_loss(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, generator=None, step: int | None = None,
                    draws=None, cached: dict | None = None):
-        """(loss, per-position accuracy, number of supervised slots). The loss is the position-decayed CE
-        plus the drafter's own `auxiliary_loss` (0 for DFlash v1; DFlash2's selector term, scheduled by
-        `step`), which is also kept in `self.last_auxiliary_loss`. Random draws (anchors, m) come from
-        `draws` (dmtp.training.draws), else from `generator`."""
+        """(loss, per-position accuracy, number of supervised slots).
+
+        The loss is the position-decayed CE plus the drafter's own `auxiliary_loss` (0 for DFlash v1; DFlash2's
+        selector term, scheduled by `step`), which is also kept in `self.last_auxiliary_loss`. Random draws
+        (anchors, m) come from `draws` (dmtp.training.draws), else from `generator`."""
         inj = self.drafter.injection
         draws = draws or BatchDraws(generator)
         # The draws first: they read the anchors' count on the host, which waits only for this batch's copy
@@ -233,7 +236,9 @@ class DMTPModule(L.LightningModule):
     def _mean_over_ranks(self, total: torch.Tensor) -> torch.Tensor:
         """In training across data-parallel ranks: the mean of `total` (the loss weights' sum) over the ranks,
         so that the ranks' averaged gradients are those of ONE weighted mean over the global batch, the same
-        at any world size. Elsewhere `total` itself."""
+        at any world size.
+
+        Elsewhere `total` itself."""
         trainer = self._trainer
         if not (torch.is_grad_enabled() and self.training and trainer is not None and trainer.world_size > 1):
             return total

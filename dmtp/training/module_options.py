@@ -1,5 +1,7 @@
 """The LightningModule's options as three small records: what the loss trains toward (`Objective`), the exact
-validation walk (`WalkOptions`) and joint training of the MTP (`JointMTP`). Each checks its own values.
+validation walk (`WalkOptions`) and joint training of the MTP (`JointMTP`).
+
+Each checks its own values.
 
 conf/train.yaml's `model:` keeps its flat keys (`model.num_anchors=512`, `model.val_walk=false`, ...);
 `FLAT_KEYS` is the one table from a flat key to its record and field, read by `grouped`, which the Hydra entry

@@ -149,7 +149,9 @@ def empty_walk(result: dict) -> dict:
 
 def summed_over_ranks(merged: dict, world_size: int, device) -> dict:
     """One domain's merged walk summed over `world_size` data-parallel ranks (each walked its `walk_share`):
-    the table of all rows, the same on every rank. Every rank calls it for the same domains in one order."""
+    the table of all rows, the same on every rank.
+
+    Every rank calls it for the same domains in one order."""
     if world_size <= 1:
         return merged
     packed = torch.tensor([merged[k] for k in WALK_COUNTS] + merged["hist"].tolist(), dtype=torch.long,

@@ -55,9 +55,10 @@ def _raise_recompile_limit() -> None:
 
 
 class CompiledRound:
-    """Every stage must trace as one graph. A stage that cannot (an op dynamo does not trace) runs
-    eagerly, with a warning, as a stage that syncs does under CUDA graphs; the others replay without
-    re-evaluating their guards."""
+    """Every stage must trace as one graph.
+
+    A stage that cannot (an op dynamo does not trace) runs eagerly, with a warning, as a stage that syncs does under
+    CUDA graphs; the others replay without re-evaluating their guards."""
 
     def __init__(self, stages: list[Stage], granularity: str = "round", backend: str = "inductor"):
         if granularity not in ("stage", "round"):

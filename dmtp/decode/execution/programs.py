@@ -1,6 +1,8 @@
 """The replayed programs of a decoder's rounds: CUDA graphs on a GPU, one torch.compile program on a CPU,
 one per (batch bucket, cache length, sampling mode, attended span, verify length), made on first use from
-the round's stages and replayed after. The eager round is what each program must equal."""
+the round's stages and replayed after.
+
+The eager round is what each program must equal."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -41,8 +43,10 @@ class RoundPrograms:
         return program
 
     def make(self, stages: list[Stage], generator):
-        """CUDA graphs or compiled stages of the round. The stages run during the capture / compile warm-up
-        mutate the state and draw from the run's seeded generator: both are put back."""
+        """CUDA graphs or compiled stages of the round.
+
+        The stages run during the capture / compile warm-up mutate the state and draw from the run's seeded
+        generator: both are put back."""
         reset = state_reset(stages, generator)
         if self.use_graphs:
             from dmtp.decode.execution.graphs import RoundGraphs

@@ -1,6 +1,7 @@
-"""The target runtimes' machinery (see `base` for the interface and its conventions). Each family's own
-static-cache runner lives with the family (`dmtp/families/<family>.py`), and which runner drives a target
-is chosen from the families' one list (`dmtp.families.catalogue.make_target_runner`).
+"""The target runtimes' machinery (see `base` for the interface and its conventions).
+
+Each family's own static-cache runner lives with the family (`dmtp/families/<family>.py`), and which runner drives a
+target is chosen from the families' one list (`dmtp.families.catalogue.make_target_runner`).
 
 base.py       `TargetRunner` (the interface) and `StaticCacheRunner` (static caches, prefill, verify,
               the attention-backend choice, `bind`: transformers' parameters bound by attribute name)

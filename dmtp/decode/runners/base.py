@@ -92,7 +92,9 @@ class TargetRunner:
 
     def prefill(self, ids: torch.Tensor, lengths: torch.Tensor, last_logits_only: bool = False) -> TargetOutput:
         """Right-padded prompts ids [B, T] with valid lengths [B]. Writes positions 0..T-1 and sets
-        `lengths`. Logits [B, T, V] (or [B, 1, V] at each request's last valid position)."""
+        `lengths`.
+
+        Logits [B, T, V] (or [B, 1, V] at each request's last valid position)."""
         raise NotImplementedError
 
     def verify(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> TargetOutput:
@@ -108,7 +110,9 @@ class TargetRunner:
 
     def round_state(self) -> list[torch.Tensor]:
         """Every committed-state tensor that `advance` changes in place (rows past `lengths` are scratch):
-        what a CUDA-graph warm-up must snapshot and restore. Recurrent runners add their states."""
+        what a CUDA-graph warm-up must snapshot and restore.
+
+        Recurrent runners add their states."""
         return [self.lengths]
 
     def scratch_state(self) -> list:

@@ -1,5 +1,7 @@
 """The exact generic runner (the tests' oracle): any transformers causal LM, re-run over the whole
-history at every call. Slow (O(context) per round), no graphs; conventions are `TargetRunner`'s."""
+history at every call.
+
+Slow (O(context) per round), no graphs; conventions are `TargetRunner`'s."""
 from __future__ import annotations
 
 import torch
@@ -11,7 +13,9 @@ from dmtp.models.target import TargetModel, TargetOutput
 class RecomputeTargetRunner(TargetRunner):
     """Any transformers causal LM. Keeps token history [B, Lmax] on the device; every call re-runs the
     model over the history up to the furthest written position (right padding is harmless: a causal
-    model never lets a position see later ones). Not graph-safe (one host sync per call)."""
+    model never lets a position see later ones).
+
+    Not graph-safe (one host sync per call)."""
 
     kind = "recompute"
 

@@ -33,11 +33,12 @@ class Readout:
 class LengthStats:
     """Per candidate j, the predicted survival summed over the active requests of drafted rounds, and over
     the candidates verified: how many were verified, how many survived (accepted >= j), their predicted
-    survival; row REQUESTS counts the active requests of drafted rounds. Per request, the mean of its
-    predicted survival over the rounds it drafted in, and its own verified / survived counts per candidate:
-    a static batch ends with its slowest request, whose remaining rounds its long-run rate sets (a recent
-    window's estimate, noisier, made the slowest request look slower than it was: an EMA of 0.8 per round
-    turned drafting off where it paid, batch 8)."""
+    survival; row REQUESTS counts the active requests of drafted rounds.
+
+    Per request, the mean of its predicted survival over the rounds it drafted in, and its own verified / survived
+    counts per candidate: a static batch ends with its slowest request, whose remaining rounds its long-run rate
+    sets (a recent window's estimate, noisier, made the slowest request look slower than it was: an EMA of 0.8 per
+    round turned drafting off where it paid, batch 8)."""
 
     def __init__(self, batch: int, num_candidates: int, device):
         self.tensor = torch.zeros(ROWS, num_candidates, dtype=torch.float32, device=device)
@@ -61,7 +62,9 @@ class LengthStats:
                    active: torch.Tensor) -> None:
         """survival [B, K] (predicted; float), kept [B] (candidates a confidence threshold keeps, K without
         one: survival past them counts 0), verified [B] (candidates verified this round: min(kept, L)),
-        accepted [B] (before the EOS / budget cut), active [B] bool. In place, fixed shapes."""
+        accepted [B] (before the EOS / budget cut), active [B] bool.
+
+        In place, fixed shapes."""
         pos = self._positions[None]
         live = active[:, None].float()
         effective = survival.float() * (pos <= kept[:, None])

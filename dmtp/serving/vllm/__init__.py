@@ -1,5 +1,6 @@
-"""Serving what dmtp trains through vLLM (optional: vLLM lives in its own environment, see README). Nothing
-here imports vLLM at module level, so the package loads where vLLM is not installed.
+"""Serving what dmtp trains through vLLM (optional: vLLM lives in its own environment, see README).
+
+Nothing here imports vLLM at module level, so the package loads where vLLM is not installed.
 
 adapter.py            vLLM as a dmtp engine (dmtp.serving.catalogue): its decoders and regeneration writer
 engine.py             an engine built for dmtp (engine options passed through), prompts and sampling mapped

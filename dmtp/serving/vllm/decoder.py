@@ -102,10 +102,11 @@ class VLLMDecoder:
 def vllm_decoders(methods: Sequence[str], named: set[str], target_path: str, eos_ids: Sequence[int], drafter=None,
                   drafter_dir=None, variant: str | None = None, engine_args: dict | None = None,
                   dtype: str = "float32") -> dict[str, VLLMDecoder]:
-    """{label: decoder} for the methods vLLM runs. A method it cannot run is one error when asked for by
-    name, else skipped with one printed line: the native-MTP chains (vLLM has no `mtp` method for a dense
-    target) and DMTP variants the plug-in cannot host (dmtp.serving.vllm.plugin_model.serving_layout_problem;
-    the plug-in serves the others, docs/vllm-plugin.md)."""
+    """{label: decoder} for the methods vLLM runs.
+
+    A method it cannot run is one error when asked for by name, else skipped with one printed line: the native-MTP
+    chains (vLLM has no `mtp` method for a dense target) and DMTP variants the plug-in cannot host
+    (dmtp.serving.vllm.plugin_model.serving_layout_problem; the plug-in serves the others, docs/vllm-plugin.md)."""
     decoders, skipped = {}, []
     for m in methods:
         if m == "ar":

@@ -1,6 +1,8 @@
 """Drafter exports dmtp's vLLM plug-in refuses by their architecture name, with the reason, when vLLM builds
 them (else vLLM would stop deep inside with "architecture not supported", or, for a name it half-knows,
-run the drafter as something it is not). No vLLM import: the refusal is testable without vLLM.
+run the drafter as something it is not).
+
+No vLLM import: the refusal is testable without vLLM.
 
 `DMTPDSparkDraftModel` (a DMTP variant on DSpark's heads, `drafter=dspark`): vLLM's `dspark` speculator
 starts the Markov chain at the anchor and has no slot for the MTP's T1, and dmtp's own DMTP proposer
