@@ -12,14 +12,18 @@ from pathlib import Path
 DTYPES = ["float32", "bfloat16", "float16"]
 
 
-def add_machine_args(ap: argparse.ArgumentParser, *, device: str = "auto", dtype: str = "auto",
-                     threads: int | str = "auto", seed: bool = False, dtype_help: str | None = None) -> None:
-    """--device, --dtype, --threads, --out (and --seed); `dtype="auto"` follows the target's config."""
-    ap.add_argument("--device", default=device)
-    ap.add_argument("--dtype", default=dtype, choices=None if dtype == "auto" else DTYPES, help=dtype_help)
+def add_machine_args(ap: argparse.ArgumentParser, *, device: str | None = "auto", dtype: str | None = "auto",
+                     threads: int | str | None = "auto", seed: bool = False, dtype_help: str | None = None) -> None:
+    """--device, --dtype, --threads, --out (and --seed); `dtype="auto"` follows the target's config.
+
+    An option given as None is not offered (a script that only writes a report takes --out alone)."""
+    if device is not None:
+        ap.add_argument("--device", default=device)
+    if dtype is not None:
+        ap.add_argument("--dtype", default=dtype, choices=None if dtype == "auto" else DTYPES, help=dtype_help)
     if isinstance(threads, int):
         ap.add_argument("--threads", type=int, default=threads, help="torch CPU threads (0: leave as is)")
-    else:
+    elif threads is not None:
         ap.add_argument("--threads", default=threads, help="torch CPU threads, or auto (dmtp.threads' policy)")
     if seed:
         ap.add_argument("--seed", type=int, default=0)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from dmtp.bench.args import write_report
+from dmtp.bench.args import add_machine_args, write_report
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -163,9 +163,8 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--out", default=None)
     ap.add_argument("--target", default=None, help="a target directory (real shapes) instead of --preset")
-    ap.add_argument("--device", default="cpu")
+    add_machine_args(ap, device="cpu", dtype=None, threads=None)
     ap.add_argument("--skip-regen", action="store_true")
     ap.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--regen-worker", type=int, default=None, help=argparse.SUPPRESS)

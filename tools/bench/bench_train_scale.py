@@ -29,7 +29,7 @@ import torch
 
 import dmtp.drafters.dflash as dflash
 import dmtp.training.module as module_file
-from dmtp.bench.args import write_report
+from dmtp.bench.args import add_machine_args, write_report
 from dmtp.configs import compose_train
 from dmtp.training.job import train
 
@@ -304,8 +304,7 @@ def main() -> None:
     ap.add_argument("--profile-steps", type=int, default=0,
                     help="profile this many steps after the warm-up: top kernels printed (and a trace beside --out)")
     ap.add_argument("--accelerator", default="auto", choices=["auto", "cpu"])
-    ap.add_argument("--threads", default="auto")
-    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    add_machine_args(ap, device=None, dtype=None)
     ap.add_argument("--workdir", default=None, help="run directories (default: a temporary one, removed)")
     args = ap.parse_args()
     if args.steps < args.checkpoint_every + 2:

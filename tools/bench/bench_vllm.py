@@ -27,7 +27,7 @@ for _key, _value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_C
 
 import torch  # noqa: E402
 
-from dmtp.bench.args import write_report
+from dmtp.bench.args import add_machine_args, write_report
 from dmtp.data.prompts import held_out_prompts  # noqa: E402
 from dmtp.decode.sampling import SamplingConfig  # noqa: E402
 from dmtp.serving.base import DecoderRequest  # noqa: E402
@@ -57,7 +57,7 @@ def main(argv=None) -> None:
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--max-model-len", type=int, default=512)
-    ap.add_argument("--out", default=None, help="JSON report")
+    add_machine_args(ap, device=None, dtype=None, threads=None)
     args = ap.parse_args(argv)
 
     device, dtype = placement("cpu", "float32")

@@ -19,7 +19,6 @@ Random drafters: acceptance means nothing, the timings are real. The report (--o
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import statistics
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dmtp.bench.args import write_report
+from dmtp.bench.args import add_machine_args, write_report
 from dmtp.threads import apply_threads, claim_process
 
 claim_process()   # before torch loads: OpenMP's idle threads sleep
@@ -33,7 +33,7 @@ def main(argv=None) -> None:
     ap.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8, 32])
     ap.add_argument("--num-prompts", type=int, default=8, help="per domain (code, prose, math)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--out", help="JSON report")
+    add_machine_args(ap, device=None, dtype=None, threads=None)
     args = ap.parse_args(argv)
     print(apply_threads("auto"))
     device, dtype = placement()

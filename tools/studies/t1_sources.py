@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from dmtp.bench.args import write_report
+from dmtp.bench.args import add_machine_args, write_report
 from dmtp.threads import apply_threads, claim_process
 
 claim_process()   # before torch loads: OpenMP's idle threads sleep
@@ -57,8 +57,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--num-prompts", type=int, default=32)
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--threads", default="auto")
-    ap.add_argument("--out", help="JSON report")
+    add_machine_args(ap, device=None, dtype=None)
     args = ap.parse_args(argv)
     print(apply_threads(args.threads))
     device, dtype = placement()

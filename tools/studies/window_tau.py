@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 
 
-from dmtp.bench.args import write_report
+from dmtp.bench.args import add_machine_args, write_report
 from dmtp.threads import apply_threads, claim_process  # noqa: E402
 
 claim_process()
@@ -41,7 +41,7 @@ def main(argv=None) -> None:
     ap.add_argument("--prompt-tokens", type=int, default=192)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--out", help="JSON report")
+    add_machine_args(ap, device=None, dtype=None, threads=None)
     args = ap.parse_args(argv)
     if any(w < 1 for w in args.windows):
         ap.error(f"--windows must be >= 1, got {args.windows}")
