@@ -31,13 +31,15 @@ def test_commit_cuts_like_the_reference_round():
                          done=done.clone())
     target_tokens = torch.randint(0, vocab, (batch, k + 1), generator=torch.Generator().manual_seed(1))
     accepted = torch.tensor([rng.randint(0, k) for _ in range(batch)])
-    kept = SpecDecoder._commit(st, k, target_tokens, accepted, ~done)
+    kept, committed = SpecDecoder._commit(st, k, target_tokens, accepted, ~done)
     for i in range(batch):
         before = int(out_len[i])
         if done[i]:   # finished before the round: nothing emitted, nothing changed
             assert int(st.out_len[i]) == before and (st.out_tokens[i] == -1).all() and st.done[i]
+            assert int(committed[i]) == 0
             continue
         want = reference_commit(target_tokens[i].tolist(), int(accepted[i]), set(eos), max_new - before)
         assert st.out_tokens[i, before:before + len(want)].tolist() == want
         assert int(st.out_len[i]) == before + len(want) and int(kept[i]) == len(want) - 1
+        assert int(committed[i]) == len(want)
         assert bool(st.done[i]) == (want[-1] in eos or before + len(want) >= max_new)

@@ -340,8 +340,8 @@ class SpecDecoder:
         active = ~st.done   # the requests still decoding when the round starts
         out = self._target_forward(st, length)
         target_tokens, accepted, verified = self._accept(st, length, out.logits)
-        kept = self._commit(st, length, target_tokens, accepted, active)
-        self._advance(st, length, out, target_tokens, kept, active)
+        kept, committed = self._commit(st, length, target_tokens, accepted, active)
+        self._advance(st, length, out, target_tokens, kept, committed, active)
         self._record(st, length, accepted, kept, verified, active)
 
     def _target_forward(self, st: DecodeState, length: int):
@@ -372,10 +372,11 @@ class SpecDecoder:
 
     @staticmethod
     def _commit(st: DecodeState, length: int, target_tokens: torch.Tensor, accepted: torch.Tensor,
-                active: torch.Tensor) -> torch.Tensor:
+                active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append each active request's accepted prefix and the token after it to its output, cut after the
         first EOS and at its budget; a request that emitted EOS or filled its budget is done.
-        -> the candidates each request kept [B]."""
+
+        -> (the candidates each request kept [B], the tokens it committed [B]: kept + 1, 0 when inactive)."""
         offsets = st.offsets[:length + 1]
         hit = (target_tokens[..., None] == st.eos).any(-1)
         first_eos = torch.where(hit, offsets, length + 1).amin(1)
@@ -384,19 +385,20 @@ class SpecDecoder:
         emit = (offsets[None] <= kept[:, None]) & active[:, None]
         idx = st.out_len[:, None] + offsets
         st.out_tokens.scatter_(1, idx, torch.where(emit, target_tokens, st.out_tokens.gather(1, idx)))
-        st.out_len.add_((kept + 1) * active)
+        committed = (kept + 1) * active
+        st.out_len.add_(committed)
         finished = (hit & emit).any(1) | (st.out_len >= st.max_new)
         st.done.logical_or_(finished & active)
-        return kept
+        return kept, committed
 
     def _advance(self, st: DecodeState, length: int, out, target_tokens: torch.Tensor, kept: torch.Tensor,
-                 active: torch.Tensor) -> None:
+                 committed: torch.Tensor, active: torch.Tensor) -> None:
         """Past the committed rows: the next anchor (the last committed token), the target's cache length, and
         what the proposer's advance stages catch up from (the round's tokens, kept count, hidden states)."""
         rows = length + 1
         st.anchor.copy_(torch.where(active, target_tokens.gather(1, kept[:, None]).squeeze(1), st.anchor))
         st.round_start.copy_(self.runner.lengths)
-        self.runner.advance((kept + 1) * active)
+        self.runner.advance(committed)
         st.target_tokens[:, :rows].copy_(target_tokens)
         st.kept.copy_(kept)
         if st.h_verify is not None:
