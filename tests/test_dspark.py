@@ -325,23 +325,26 @@ def test_block_plan_with_a_limit_is_the_plan_of_the_shorter_block():
 
 # -- serving ----------------------------------------------------------------------------------------------------
 
-def test_dmtp_dspark_export_is_refused_by_the_vllm_plugin_with_its_reason(micro_target, tmp_path):
-    """What vLLM builds for DMTPDSparkDraftModel (either name vLLM asks for) stops with one line naming the
-    drafter; a raw DSpark export is vLLM's own Qwen3DSparkModel (not refused, vLLM serves it)."""
+def test_only_a_dmtp_dflash2_export_is_refused_by_the_vllm_plugin_with_its_reason(micro_target, tmp_path):
+    """DMTP on DSpark's heads (DMTPDSparkDraftModel) is served by the plug-in and a raw DSpark export by vLLM
+    itself: neither is refused. What vLLM builds for DMTPDFlash2DraftModel (either name vLLM asks for) stops
+    with one line naming the drafter and what serves it."""
     from types import SimpleNamespace
 
     from dmtp.serving.vllm.refused import RefusedDraftModel, refusal
 
-    dmtp_dir, raw_dir = tmp_path / "dmtp", tmp_path / "raw"
+    dmtp_dir, raw_dir, dflash2_dir = tmp_path / "dmtp", tmp_path / "raw", tmp_path / "dflash2"
     dspark_drafter(micro_target, "dual_anchor_zero_init").save(dmtp_dir)
     dspark_drafter(micro_target, "raw_dflash").save(raw_dir)
-    dmtp_arch = json.loads((dmtp_dir / "config.json").read_text())["architectures"]
-    raw_arch = json.loads((raw_dir / "config.json").read_text())["architectures"]
-    assert raw_arch == ["Qwen3DSparkModel"] and refusal(raw_arch) is None
-    for served_as in (dmtp_arch, ["DFlash" + dmtp_arch[0]]):
-        draft = SimpleNamespace(model=str(dmtp_dir), hf_config=SimpleNamespace(architectures=served_as))
+    fresh_drafter_for(micro_target, "dual_anchor_zero_init", 3, backbone={"architecture": "dflash2"}).save(dflash2_dir)
+    arch = lambda d: json.loads((d / "config.json").read_text())["architectures"]  # noqa: E731
+    assert arch(raw_dir) == ["Qwen3DSparkModel"] and refusal(arch(raw_dir)) is None
+    assert arch(dmtp_dir) == ["DMTPDSparkDraftModel"] and refusal(arch(dmtp_dir)) is None
+    for served_as in (arch(dflash2_dir), ["DFlash" + arch(dflash2_dir)[0]]):
+        draft = SimpleNamespace(model=str(dflash2_dir), hf_config=SimpleNamespace(architectures=served_as))
         config = SimpleNamespace(speculative_config=SimpleNamespace(draft_model_config=draft))
-        with pytest.raises(ValueError, match=rf"^drafter {dmtp_dir}: a DMTP drafter with DSpark's heads is not served"):
+        with pytest.raises(ValueError, match=rf"^drafter {dflash2_dir}: a DMTP drafter on DFlash2's candidate "
+                                             r"selector is not served by vLLM.*python -m dmtp.infer"):
             RefusedDraftModel(vllm_config=config)
 
 

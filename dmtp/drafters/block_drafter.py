@@ -213,21 +213,7 @@ class BlockDrafter(nn.Module):
         return out
 
     def _mtp_drafted_slots(self, mtp: MTPBlockInputs | None):
-        """(tokens, use) [B, N, n_pred]: the predicted slots whose candidate is the MTP's (j <= m, the multi-step
-        variant) and its token there, so that a proposal sequential in the previous token (DSpark's Markov head,
-        DFlash2's selector) walks through the tokens the block really holds, as training's teacher-forced path
-        does.
-
-        None when no predicted slot can hold an MTP token (every variant but the multi-step one)."""
-        inj = self.injection
-        n = inj.num_drafter_candidates
-        fixed = inj.num_candidates - n                       # candidates that always come from the MTP
-        if mtp is None or mtp.tokens.shape[-1] <= fixed:
-            return None
-        index = torch.arange(fixed, fixed + n, device=mtp.tokens.device)   # candidate j = index + 1
-        steps = mtp.tokens.shape[-1]
-        tokens = mtp.tokens.gather(-1, index.clamp(max=steps - 1).expand(*mtp.tokens.shape[:-1], n))
-        return tokens, (index + 1) <= mtp.num[..., None]
+        return None if mtp is None else self.injection.forced_drafter_slots(mtp.tokens, mtp.num)
 
     # -- the backbone's operations, with the injection's context path in front ---------------------
     def embed(self, ids: torch.Tensor, embed_weight: torch.Tensor) -> torch.Tensor:

@@ -216,19 +216,29 @@ class DSparkDrafter(DFlashDrafter):
         q [..., n, V] or None): q[i] is the distribution candidate i was drawn from given candidates < i.
         `forced` slots (the MTP's tokens of the multi-step variant) enter the chain as they are."""
         sampler = sampler or default_sampler(temperature, generator)
-        base = self.logits(hidden, lm_head_weight)
-        prev, state = first_prev, None
-        tokens, qs = [], []
-        for i in range(hidden.shape[-2]):
-            state, bias = self.markov_head.step(prev, hidden[..., i, :], state)
-            pick, p = sampler(base[..., i, :] + bias.to(base.dtype))
-            if p is not None:
-                qs.append(p)
-            if forced is not None:   # the block holds the MTP's token here: the chain goes through it
-                pick = torch.where(forced[1][..., i], forced[0][..., i], pick)
-            prev = pick
-            tokens.append(pick)
-        return torch.stack(tokens, dim=-1), (torch.stack(qs, dim=-2) if qs else None)
+        return markov_walk(self.markov_head, self.logits(hidden, lm_head_weight), hidden, first_prev, sampler, forced)
 
 
-__all__ = ["ConfidenceHead", "DSPARK_ARCH", "DSparkConfig", "DSparkDrafter", "MARKOV_VARIANTS", "MarkovHead"]
+def markov_walk(markov_head: MarkovHead, base: torch.Tensor, hidden: torch.Tensor, first_prev: torch.Tensor,
+                sampler, forced=None):
+    """DSpark's sequential draft, the one rule dmtp's loop and its vLLM proposer run.
+
+    Slot i's scores are the backbone's logits `base` [..., n, V] plus the Markov bias of the token before it
+    (`first_prev` [...] for slot 1, then the token picked at i - 1); `sampler(scores)` -> (token, q or None)
+    picks. `forced` (tokens, use) [..., n]: slots whose token is given (the MTP's, in the multi-step variant),
+    which the chain walks through. -> (tokens [..., n], q [..., n, V] or None)."""
+    prev, state = first_prev, None
+    tokens, qs = [], []
+    for i in range(hidden.shape[-2]):
+        state, bias = markov_head.step(prev, hidden[..., i, :], state)
+        pick, p = sampler(base[..., i, :] + bias.to(base.dtype))
+        if p is not None:
+            qs.append(p)
+        if forced is not None:   # the block holds the MTP's token here: the chain goes through it
+            pick = torch.where(forced[1][..., i], forced[0][..., i], pick)
+        prev = pick
+        tokens.append(pick)
+    return torch.stack(tokens, dim=-1), (torch.stack(qs, dim=-2) if qs else None)
+
+__all__ = ["ConfidenceHead", "DSPARK_ARCH", "DSparkConfig", "DSparkDrafter", "MARKOV_VARIANTS", "MarkovHead",
+           "markov_walk"]

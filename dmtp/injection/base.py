@@ -153,6 +153,22 @@ class Injection(nn.Module):
         use_mtp = use_mtp.view(*use_mtp.shape, *([1] * (by_mtp.dim() - use_mtp.dim())))
         return torch.where(use_mtp, by_mtp, by_drafter)
 
+    def forced_drafter_slots(self, mtp_tokens: torch.Tensor, num_mtp: torch.Tensor):
+        """(tokens, use) [..., num_drafter_candidates]: the predicted slots whose candidate is the MTP's (j <= m,
+        the multi-step variant) and its token there, so that a proposal sequential in the previous token
+        (DSpark's Markov head, DFlash2's selector) walks through the tokens the block really holds, as
+        training's teacher-forced path does. mtp_tokens [..., S], num_mtp [...].
+
+        None when no predicted slot can hold an MTP token (every variant but the multi-step one)."""
+        n = self.num_drafter_candidates
+        fixed = self.num_candidates - n                       # candidates that always come from the MTP
+        if mtp_tokens.shape[-1] <= fixed:
+            return None
+        index = torch.arange(fixed, fixed + n, device=mtp_tokens.device)   # candidate j = index + 1
+        steps = mtp_tokens.shape[-1]
+        tokens = mtp_tokens.gather(-1, index.clamp(max=steps - 1).expand(*mtp_tokens.shape[:-1], n))
+        return tokens, (index + 1) <= num_mtp[..., None]
+
     # -- slots ------------------------------------------------------------------------------------
     def build_block(self, embed: Embed, anchor: torch.Tensor, mtp_tokens: torch.Tensor | None,
                     mtp_hidden: torch.Tensor | None, num_mtp: torch.Tensor | None = None,

@@ -29,3 +29,31 @@ def train_interop_drafter(tmp_path_factory, injection: str, num_layers: int = 1,
                          "data.regen_sequences=96", "data.regen_new_tokens=64", "data.seq_len=96", *overrides],
                         output_dir=run)
     return train(cfg)["drafter"]
+
+
+def per_position(accepted: list[list[int]], k: int) -> list[int]:
+    """Accepted drafts per position (vLLM's `..._num_accepted_tokens_per_pos`) from rounds' accepted counts."""
+    return [sum(a > i for rounds in accepted for a in rounds) for i in range(k)]
+
+
+def second_token_p_value(target, prompt: list[int], eos: int, second_tokens: list[int]) -> tuple[float, int]:
+    """(p, bins): the chi-square test of sampled second tokens of `prompt` (temperature 1) against the target's own
+    marginal sum_x p(x | prompt) p(y | prompt, x) (an EOS first token ends a request: excluded). Bins: the
+    tokens expected >= 5 times, the rest pooled; a lossless sampler fails p > 1e-4 with probability 1e-4."""
+    import torch
+
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        p_first = target(ids).logits[0, -1].softmax(-1)
+        p_first[eos] = 0
+        p_first /= p_first.sum()
+        firsts = torch.arange(p_first.shape[0])[:, None]
+        p_second = target(torch.cat([ids.expand(len(firsts), -1), firsts], 1)).logits[:, -1].softmax(-1)
+    expected = (p_first @ p_second) * len(second_tokens)
+    observed = torch.bincount(torch.tensor(second_tokens), minlength=expected.shape[0]).double()
+    binned = expected >= 5
+    e = torch.cat([expected[binned], expected[~binned].sum()[None]]).double()
+    o = torch.cat([observed[binned], observed[~binned].sum()[None]])
+    chi2 = ((o - e) ** 2 / e).sum()
+    p_value = torch.special.gammaincc(torch.tensor((len(e) - 1) / 2.0, dtype=torch.float64), chi2 / 2).item()
+    return p_value, int(binned.sum())

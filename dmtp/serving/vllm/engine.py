@@ -15,7 +15,6 @@ Correspondences (vLLM 0.32; see ../shared/reference/vllm-serving.md):
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 VLLM_MISSING = ("vLLM is not installed in this environment: `bash tools/env/vllm_env.sh` makes .venv-vllm/ "
@@ -42,23 +41,8 @@ def make_llm(model: str, engine_args: dict | None = None, speculative_config: di
         args["speculative_config"] = dict(speculative_config)
         args["disable_log_stats"] = False   # the spec-decoding counters are what is compared
         args["per_request_spec_decode_metrics"] = "detailed"   # accepted drafts per request and round
-        if serves_dmtp_drafter(speculative_config):
-            # the plug-in's MTP keeps its KV outside vLLM's block manager: a prefix-cache hit would skip its rows
-            args["enable_prefix_caching"] = False
     args.update(dict(engine_args or {}))
     return vllm.LLM(**args)
-
-
-def serves_dmtp_drafter(speculative_config: dict) -> bool:
-    """Whether the speculative config's drafter is a dmtp DMTP export (served through dmtp's plug-in)."""
-    from dmtp.drafters.checkpoint import read_drafter_config
-    from dmtp.drafters.registry import ARCHITECTURES
-
-    model = speculative_config.get("model")
-    if not model or not os.path.isfile(os.path.join(os.fspath(model), "config.json")):
-        return False
-    names = read_drafter_config(model).get("architectures") or []
-    return any(a.dmtp_published in names for a in ARCHITECTURES.values())
 
 
 def sampling_params(max_new_tokens: int, eos_ids: Sequence[int], temperature: float = 0.0, top_k: int = 0,

@@ -6,6 +6,8 @@ share one padded forward. A longer prompt chunk (chunked prefill) gets a forward
 not pad every decode request to its length. A padded row is scratch at a position after its request's last
 valid row (`NativeMTP.forward_rows`): the request's next rows overwrite it before anything attends there.
 Slots of finished requests are reused; the cache doubles its slots when more requests are live than it has.
+A chained MTP step (`chain_step`, the multi-step variants) writes one scratch row per request after its anchor,
+as dmtp's loop does: the next catch-up overwrites it, and no row attends past its own position.
 
 No vLLM import here: the catch-up is tested against one forward per request without an engine.
 """
@@ -58,12 +60,18 @@ class MTPSlots:
         self.mtp, self.block_rows = mtp, block_rows
         self.length = max_position + 1 + block_rows   # room for a padded row after the last valid one
         self.slot_of: dict[str, int] = {}
+        self.last_row: dict[str, int] = {}   # per request: the position of its last valid (committed) row
         self.cache: KVCache | None = None
 
     def forget_all_but(self, live) -> None:
         """Frees the slots of requests that are no longer live (finished or aborted)."""
         for req_id in [r for r in self.slot_of if r not in live]:
             del self.slot_of[req_id]
+            self.last_row.pop(req_id, None)
+
+    def rows_before(self, req_id: str) -> int:
+        """The position of the request's last committed row (0: none yet): rows 1..that one are valid."""
+        return self.last_row.get(req_id, 0)
 
     def catch_up(self, requests: list[MTPRows]) -> torch.Tensor:
         """Runs every request's rows; returns [len(requests), H]: each request's last row's output."""
@@ -77,7 +85,18 @@ class MTPSlots:
             if out is None:
                 out = g.new_empty(len(requests), g.shape[-1])
             out[group] = g
+        for r in requests:
+            self.last_row[r.req_id] = r.first_position + len(r.tokens) - 1
         return out
+
+    def chain_step(self, req_ids: list[str], tokens: torch.Tensor, hidden: torch.Tensor,
+                   positions: torch.Tensor, span: int) -> torch.Tensor:
+        """One chained row per request, scratch (the next catch-up overwrites it): the row at `positions` [B]
+        consumes (tokens [B], hidden [B, H]) -> its output [B, H]. `span` > every position."""
+        slots = torch.tensor([self.slot_of[r] for r in req_ids], device=self.cache.k.device)
+        g = self.mtp.forward_rows(tokens[:, None], hidden[:, None], positions[:, None],
+                                  _SlotRows(self.cache, slots, span), span=span)
+        return g[:, 0]
 
     def _forward(self, requests: list[MTPRows], slots: list[int]) -> torch.Tensor:
         counts = [len(r.tokens) for r in requests]

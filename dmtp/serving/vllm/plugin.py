@@ -1,6 +1,7 @@
 """dmtp's vLLM plug-in (entry point `vllm.general_plugins: dmtp`, run in every vLLM process).
 
-It registers the DMTP drafter architecture (`DMTPDraftModel`, see `vllm_plugin_model`) and makes
+It registers the DMTP drafter architectures (`DMTPDraftModel`, and `DMTPDSparkDraftModel` on DSpark's heads;
+see `plugin_model`) and makes
 vLLM's model runner get a `DMTPProposer` (see `vllm_plugin_proposer`) where it builds a
 `DFlashProposer`, only when the configured drafter is a DMTP one. The runner constructs
 `DFlashProposer` by name and checks `isinstance(drafter, DFlashProposer)` elsewhere, so the class
@@ -12,8 +13,8 @@ DFlash2 drafters get a `DFlash2Proposer` (see `vllm_dflash2_proposer`) the same 
 would draft them as DFlash v1 and so refuses them; the plug-in walks their candidate selector there
 and lets vLLM's check admit them (LiLiCorr's candidate heads stay refused).
 
-Exports it does not serve yet (a DMTP variant on DSpark's heads, `DMTPDSparkDraftModel`) are registered
-to a model that stops with the reason (`vllm_refused`).
+Exports it does not serve (a DMTP variant on DFlash2's selector, `DMTPDFlash2DraftModel`) are registered
+to a model that stops with the reason and what serves them (`refused`).
 
 On vLLM's CPU build it also corrects two of vLLM's CPU stand-ins (`vllm_cpu_fixes`): the rejection
 sampler's per-request temperature / top_p expansion (sampled speculative decoding read uninitialised
@@ -56,14 +57,14 @@ def register() -> None:
     from vllm.v1.spec_decode.dflash import DFlashProposer
 
     from dmtp.serving.vllm import cpu_fixes as vllm_cpu_fixes
-    from dmtp.serving.vllm.plugin_proposer import DMTP_ARCHITECTURE, SERVED_ARCHITECTURE
+    from dmtp.serving.vllm.plugin_proposer import DMTP_ARCHITECTURES, SERVED_ARCHITECTURES
     from dmtp.serving.vllm.refused import REGISTERED_NAMES
 
     vllm_cpu_fixes.install()
 
     # The export's own name (checked when the speculative config is read) and vLLM's DFlash-renamed
     # one (the class it builds).
-    for name in (DMTP_ARCHITECTURE, SERVED_ARCHITECTURE):
+    for name in (*DMTP_ARCHITECTURES, *SERVED_ARCHITECTURES):
         if name not in ModelRegistry.get_supported_archs():
             ModelRegistry.register_model(name, DMTP_MODEL)
     # Exports the plug-in does not serve (yet): built as a model that stops with the reason (vllm_refused).

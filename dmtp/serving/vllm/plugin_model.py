@@ -9,7 +9,12 @@ adds to it, both loaded and run by dmtp's own modules (one rule in one place):
   drafter after loading);
 * the drafter's MTP correction when it has one (`dmtp_mtp_correction.*`, `mtp_correction_rank` in the "dmtp"
   section; dmtp.models.mtp_correction): `dmtp_mtp` is then the MTP as the drafter proposes with it, its T1
-  logits through the correction, exactly as in dmtp's own loop.
+  logits through the correction, exactly as in dmtp's own loop;
+* DSpark's heads when the backbone is DSpark (`DMTPDSparkDraftModel`: `markov_head.*`, `confidence_head.*`),
+  dmtp's own modules: the block's candidates are then drafted slot by slot with the Markov bias of the token
+  before each (`dmtp.drafters.dspark.markov_walk`), from T1 (or through the MTP's tokens of a chain).
+
+`draft_candidates` is the drafter's half of a round as dmtp's `BlockDrafter.draft_block` proposes it.
 
 Registered under the export's architecture name (`DMTPDraftModel`) by `dmtp.serving.vllm.plugin`;
 `dmtp.serving.vllm.plugin_proposer` drives it. Imported only inside vLLM processes.
@@ -23,11 +28,14 @@ import torch.nn.functional as F
 from vllm.config import VllmConfig
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
+from dmtp.decode.sampling import SamplingConfig, draft_rules
 from dmtp.drafters.block_drafter import CORRECTION_PREFIX, INJECTION_PREFIX, tuned_mtp_path
-from dmtp.injection.base import Injection
-from dmtp.injection.catalogue import make_injection
 from dmtp.drafters.checkpoint import read_drafter_config
 from dmtp.drafters.dflash import DFlashConfig
+from dmtp.drafters.dspark import ConfidenceHead, DSparkConfig, MarkovHead, markov_walk
+from dmtp.drafters.registry import architecture_of_names
+from dmtp.injection.base import Injection
+from dmtp.injection.catalogue import make_injection
 from dmtp.models.mtp import NativeMTP
 from dmtp.models.mtp_correction import MTPCorrection, ProposingMTP, require_correction_rank
 from dmtp.families.mtp_loading import load_native_mtp
@@ -44,8 +52,8 @@ def serving_layout_problem(injection: Injection, config: DFlashConfig, num_specu
         return "its block does not start at the anchor (vLLM's block is [A, c1..cK])"
     if injection.needs_mtp_context:
         return "it reads the MTP's hidden as context (vLLM's context is the tapped target layers only)"
-    if injection.mtp_steps != 1 or not injection.uses_mtp:
-        return "it does not take exactly one MTP token per block"
+    if not injection.uses_mtp:
+        return "it takes no MTP token (a raw DFlash export is served by vLLM's own dflash method)"
     if config.input_embedding_scale != 1.0:
         return "it scales its input embeddings (vLLM's DFlash path does not)"
     return None
@@ -74,7 +82,7 @@ class DMTPDraftModelForVLLM(DFlashQwen3ForCausalLM):
         self.drafter_dir = spec.draft_model_config.model
         self.target_dir = vllm_config.model_config.model
         raw = read_drafter_config(self.drafter_dir)
-        config = DFlashConfig.from_hf_config(raw)
+        config = architecture_of_names(raw.get("architectures") or []).config.from_hf_config(raw)
         meta = raw.get("dmtp") or {}
         name = meta.get("injection")
         if not name:
@@ -90,6 +98,11 @@ class DMTPDraftModelForVLLM(DFlashQwen3ForCausalLM):
         rank = require_correction_rank(meta.get("mtp_correction_rank", 0))
         self.dmtp_mtp_correction = MTPCorrection(config.hidden_size, rank) if rank else None
         self.dmtp_correction_greedy_only = meta.get("mtp_correction_greedy_only") is True
+        self.dmtp_markov, self.dmtp_confidence = _dspark_heads(config)
+        # The draft rule per slot source when vLLM samples drafts (draft_sample_method "probabilistic"):
+        # `"draft_rule": {"mtp": "sample" | "argmax", "block": ...}` in the "dmtp" section, as dmtp.infer's option.
+        rules = SamplingConfig(**draft_rules(meta.get("draft_rule")))   # checked as dmtp.infer checks it
+        self.dmtp_draft_rule = {"mtp": rules.mtp_draft, "block": rules.block_draft}
 
     # The target's embedding and head, looked up when called: vLLM replaces the drafter's own
     # embed_tokens / lm_head with the target's after loading (the export ships neither).
@@ -100,32 +113,57 @@ class DMTPDraftModelForVLLM(DFlashQwen3ForCausalLM):
         return _LateBound(lambda hidden: F.linear(hidden, self.lm_head.weight), lambda: self.lm_head.weight)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]):
-        injection, correction, rest = {}, {}, []
+        own = {INJECTION_PREFIX: self.dmtp_injection, CORRECTION_PREFIX: self.dmtp_mtp_correction,
+               "markov_head.": self.dmtp_markov, "confidence_head.": self.dmtp_confidence}
+        own = {prefix: module for prefix, module in own.items() if module is not None}
+        states, rest = {prefix: {} for prefix in own}, []
         for name, tensor in weights:
-            if name.startswith(INJECTION_PREFIX):
-                injection[name[len(INJECTION_PREFIX):]] = tensor
-            elif name.startswith(CORRECTION_PREFIX) and self.dmtp_mtp_correction is not None:
-                correction[name[len(CORRECTION_PREFIX):]] = tensor
-            else:
+            prefix = next((p for p in own if name.startswith(p)), None)
+            if prefix is None:
                 rest.append((name, tensor))
-        self.dmtp_injection.load_state_dict(injection, strict=True)
+            else:
+                states[prefix][name[len(prefix):]] = tensor
         super().load_weights(rest)
         p = self.lm_head.weight
-        self.dmtp_injection.to(device=p.device, dtype=p.dtype)
+        for prefix, module in own.items():
+            module.load_state_dict(states[prefix], strict=True)
+            module.to(device=p.device, dtype=p.dtype)
         mtp = load_native_mtp(self.target_dir, self.target_embed(), self.target_head(), dtype=p.dtype,
                               device=p.device, tuned=tuned_mtp_path(self.drafter_dir)).eval()
         if self.dmtp_mtp_correction is not None:
-            self.dmtp_mtp_correction.load_state_dict(correction, strict=True)
             self.dmtp_mtp_correction.greedy_only = self.dmtp_correction_greedy_only
-            self.dmtp_mtp_correction.to(device=p.device, dtype=p.dtype)
             mtp = ProposingMTP(mtp, self.dmtp_mtp_correction)
         self.dmtp_mtp = mtp
 
-    def build_block(self, anchor: torch.Tensor, t1: torch.Tensor, h_mtp: torch.Tensor) -> torch.Tensor:
-        """The block's slot embeddings [N, 1 + K, H] from the anchor [N], T1 [N] and the MTP hidden that
-        predicted T1 [N, H], by the injection (the mask slots embedded as vLLM's DFlash path does)."""
-        ones = torch.ones_like(t1)
-        return self.dmtp_injection.build_block(self.model.embed_input_ids, anchor, t1[:, None], h_mtp[:, None], ones)
+    def build_block(self, anchor: torch.Tensor, mtp_tokens: torch.Tensor, mtp_hidden: torch.Tensor,
+                    num_mtp: torch.Tensor) -> torch.Tensor:
+        """The block's slot embeddings [N, 1 + K, H] from the anchor [N], the MTP's tokens T1..TS [N, S], the
+        hiddens that predicted them [N, S, H] and m [N], by the injection (the mask slots embedded as vLLM's
+        DFlash path does)."""
+        return self.dmtp_injection.build_block(self.model.embed_input_ids, anchor, mtp_tokens, mtp_hidden, num_mtp)
+
+    def draft_candidates(self, hidden: torch.Tensor, mtp_tokens: torch.Tensor, num_mtp: torch.Tensor, pick):
+        """The drafter's candidates from its predicted slots' hidden [N, n, H] (`pick(scores)` -> (token, q or
+        None)): independent per slot, or DSpark's Markov walk from the token before the first predicted slot
+        through the MTP's tokens the block holds. -> (tokens [N, n], q [N, n, V] or None)."""
+        base = self.compute_logits(hidden.flatten(0, 1)).view(*hidden.shape[:2], -1)
+        if self.dmtp_markov is None:
+            return pick(base)
+        inj = self.dmtp_injection
+        return markov_walk(self.dmtp_markov, base, hidden, inj.previous_token(None, mtp_tokens), pick,
+                           inj.forced_drafter_slots(mtp_tokens, num_mtp))
+
+
+def _dspark_heads(config: DFlashConfig) -> tuple[MarkovHead | None, ConfidenceHead | None]:
+    """DSpark's Markov and confidence heads (dmtp's modules), None for a DFlash backbone. The confidence head is
+    loaded so the export loads strictly; vLLM's V1 runner verifies whole blocks, so nothing reads it there."""
+    if not isinstance(config, DSparkConfig):
+        return None, None
+    c = config
+    markov = MarkovHead(c.vocab_size, c.markov_rank, c.hidden_size, c.markov_head_type)
+    if not c.enable_confidence_head:
+        return markov, None
+    return markov, ConfidenceHead(c.hidden_size + (c.markov_rank if c.confidence_head_with_markov else 0))
 
 
 __all__ = ["DMTPDraftModelForVLLM", "serving_layout_problem"]

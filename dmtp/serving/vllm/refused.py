@@ -4,23 +4,21 @@ run the drafter as something it is not).
 
 No vLLM import: the refusal is testable without vLLM.
 
-`DMTPDSparkDraftModel` (a DMTP variant on DSpark's heads, `drafter=dspark`): vLLM's `dspark` speculator
-starts the Markov chain at the anchor and has no slot for the MTP's T1, and dmtp's own DMTP proposer
-drafts the block without DSpark's sequential Markov head, so neither would propose what the drafter
-was trained to; it is refused until a proposer serves it. A raw DSpark export (`Qwen3DSparkModel`,
-vanilla Markov head) is vLLM's own layout and is served by vLLM itself (`"method": "dspark"`).
+`DMTPDFlash2DraftModel` (a DMTP variant on DFlash2's backbone, `drafter=dflash2`): its candidate selector walks
+from the MTP's T1 through a block whose first candidate is the MTP's, which neither vLLM's DFlash2 speculator
+(V2 runner, from the anchor) nor the plug-in's DFlash2 walk (raw DFlash2 exports) does; dmtp's loop serves it.
 """
 from __future__ import annotations
 
 from torch import nn
 
 REFUSED = {
-    "DMTPDSparkDraftModel": (
-        "a DMTP drafter with DSpark's heads is not served by vLLM yet: vLLM's dspark speculator has no slot for "
-        "the MTP's T1 and dmtp's plug-in does not run DSpark's sequential Markov head; decode it with "
-        "python -m dmtp.infer (a raw DSpark export, injection=raw_dflash, is served by vLLM's own dspark method)"),
+    "DMTPDFlash2DraftModel": (
+        "a DMTP drafter on DFlash2's candidate selector is not served by vLLM: the selector would walk from the "
+        "anchor, not from the MTP's T1; decode it with python -m dmtp.infer (a raw DFlash2 export, "
+        "injection=raw_dflash, and DMTP on DFlash or DSpark backbones are served by the plug-in)"),
 }
-# vLLM's speculative config renames a `dflash` drafter's architecture X to DFlashX (see vllm_plugin_proposer).
+# vLLM's speculative config renames a `dflash` drafter's architecture X to DFlashX (see plugin_proposer).
 REGISTERED_NAMES = {alias: name for name in REFUSED for alias in (name, "DFlash" + name)}
 
 
