@@ -173,8 +173,9 @@ def test_dflash2_export_in_vllm(vllm_target, vllm_tokenizer, vllm_target_dir, in
 
 
 def test_bench_vllm_compares_both_engines_losslessly(vllm_target_dir, raw_drafter_dir, dmtp_drafter_dir, tmp_path):
-    """tools/bench/bench_vllm.py (BENCHMARKS.md's vLLM table): every method in both engines at each batch size,
-    every output equal to dmtp's AR, ratios over each engine's own AR and over the first drafter."""
+    """tools/bench/bench_vllm.py (BENCHMARKS.md's vLLM table): every method in both engines at each batch size and
+    temperature, every greedy output equal to dmtp's AR, ratios over each engine's own AR and over the first
+    drafter; at T = 1 drafts are accepted in both engines (rejection sampling)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_vllm", ROOT / "tools" / "bench" / "bench_vllm.py")
@@ -182,14 +183,19 @@ def test_bench_vllm_compares_both_engines_losslessly(vllm_target_dir, raw_drafte
     spec.loader.exec_module(bench)
     out = tmp_path / "bench.json"
     bench.main(["--target", str(vllm_target_dir), "--drafter", str(raw_drafter_dir), "--drafter", str(dmtp_drafter_dir),
-                "--batch-sizes", "1", "4", "--num-prompts", "4", "--max-new-tokens", "16", "--out", str(out)])
+                "--batch-sizes", "1", "4", "--temperatures", "0", "1", "--num-prompts", "4", "--max-new-tokens", "16",
+                "--out", str(out)])
     report = json.loads(out.read_text())
     dmtp_name = load_block_drafter(dmtp_drafter_dir)[0].method_name
     assert sorted(report["by_batch"]) == ["1", "4"]
-    for figures in report["by_batch"].values():
-        for engine in ("dmtp", "vllm"):
-            methods = {k: v for k, v in figures[engine].items() if k != "seconds"}
-            assert sorted(methods) == sorted(["ar", dmtp_name, "raw_dflash"])
-            assert all(f["matches_dmtp_ar"] and f["tokens_per_s"] > 0 for f in methods.values()), engine
-            assert methods["raw_dflash"]["vs_first_drafter"] == 1.0 and methods["ar"]["vs_first_drafter"] is None
-        assert figures["dmtp"][dmtp_name]["tau"] == figures["vllm"][dmtp_name]["tau"]
+    for by_temperature in report["by_batch"].values():
+        assert sorted(by_temperature) == ["0.0", "1.0"]
+        for temperature, figures in by_temperature.items():
+            for engine in ("dmtp", "vllm"):
+                methods = {k: v for k, v in figures[engine].items() if k != "seconds"}
+                assert sorted(methods) == sorted(["ar", dmtp_name, "raw_dflash"])
+                assert all(f["tokens_per_s"] > 0 for f in methods.values()), engine
+                assert all(f["matches_dmtp_ar"] is (True if temperature == "0.0" else None) for f in methods.values())
+                assert methods["raw_dflash"]["vs_first_drafter"] == 1.0 and methods["ar"]["vs_first_drafter"] is None
+                assert methods[dmtp_name]["tau"] > 1.0, (temperature, engine)
+        assert by_temperature["0.0"]["dmtp"][dmtp_name]["tau"] == by_temperature["0.0"]["vllm"][dmtp_name]["tau"]

@@ -57,7 +57,8 @@ class VLLMDecoder:
             if previous is not None:
                 previous.close()
             spec = None if self.drafter_dir is None else {
-                "method": "dflash", "model": str(self.drafter_dir), "num_speculative_tokens": self.num_candidates}
+                "method": "dflash", "model": str(self.drafter_dir), "num_speculative_tokens": self.num_candidates,
+                "draft_sample_method": draft_sample_method(self.drafter_dir)}
             args = {"max_num_seqs": batch_size, "disable_log_stats": False, **self.engine_args}
             self.llm = make_llm(self.target_path, args, speculative_config=spec, dtype=self.dtype)
             _live["decoder"] = self
@@ -99,6 +100,17 @@ class VLLMDecoder:
             self.llm = None
 
 
+def draft_sample_method(drafter_dir) -> str:
+    """vLLM's `draft_sample_method` for a drafter: "probabilistic" (sampled requests get drafts with their
+    proposal distributions, as dmtp's rejection and block verification; greedy ones the argmax), "greedy" for
+    DFlash2, whose V1 walk is greedy only (dmtp.serving.vllm.dflash2_proposer)."""
+    from dmtp.drafters.checkpoint import read_drafter_config
+    from dmtp.drafters.dflash2 import DFLASH2_ARCH
+
+    names = read_drafter_config(drafter_dir).get("architectures") or []
+    return "greedy" if DFLASH2_ARCH in names else "probabilistic"
+
+
 def vllm_decoders(methods: Sequence[str], named: set[str], target_path: str, eos_ids: Sequence[int], drafter=None,
                   drafter_dir=None, variant: str | None = None, engine_args: dict | None = None,
                   dtype: str = "float32") -> dict[str, VLLMDecoder]:
@@ -137,4 +149,4 @@ def _plugin_problem(drafter) -> str | None:
     return serving_layout_problem(drafter.injection, drafter.backbone.config, drafter.num_candidates)
 
 
-__all__ = ["VLLMDecoder", "committed_accepted", "vllm_decoders"]
+__all__ = ["VLLMDecoder", "committed_accepted", "draft_sample_method", "vllm_decoders"]

@@ -71,8 +71,9 @@ class PrefixHiddenStore:
             self.blocks.popitem(last=False)
 
     def lookup(self, req_id: str, prefix: list[int]) -> torch.Tensor | None:
-        """The target's hidden h_0..h_{n-1} [n, H] of a cached prefix (its n = len(prefix) tokens), or None
-        when n is not a whole number of blocks or a block is no longer here (counted in `misses`). A found
+        """The target's hidden h_0..h_{n-1} [n, H] of a cached prefix (its n = len(prefix) tokens), or None.
+
+        None when n is not a whole number of blocks or a block is no longer here (counted in `misses`). A found
         prefix starts the request's record."""
         bs, n = self.block_size, len(prefix)
         key, rows = 0, []

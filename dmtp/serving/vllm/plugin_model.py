@@ -155,8 +155,10 @@ class DMTPDraftModelForVLLM(DFlashQwen3ForCausalLM):
 
 
 def _dspark_heads(config: DFlashConfig) -> tuple[MarkovHead | None, ConfidenceHead | None]:
-    """DSpark's Markov and confidence heads (dmtp's modules), None for a DFlash backbone. The confidence head is
-    loaded so the export loads strictly; vLLM's V1 runner verifies whole blocks, so nothing reads it there."""
+    """DSpark's Markov and confidence heads (dmtp's modules), None for a DFlash backbone.
+
+    The confidence head is loaded so the export loads strictly; vLLM's V1 runner verifies whole blocks, so nothing
+    reads it there."""
     if not isinstance(config, DSparkConfig):
         return None, None
     c = config
