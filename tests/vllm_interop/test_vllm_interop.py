@@ -199,3 +199,24 @@ def test_bench_vllm_compares_both_engines_losslessly(vllm_target_dir, raw_drafte
                 assert methods["raw_dflash"]["vs_first_drafter"] == 1.0 and methods["ar"]["vs_first_drafter"] is None
                 assert methods[dmtp_name]["tau"] > 1.0, (temperature, engine)
         assert by_temperature["0.0"]["dmtp"][dmtp_name]["tau"] == by_temperature["0.0"]["vllm"][dmtp_name]["tau"]
+
+
+def test_bench_vllm_prefix_measures_hits_with_the_same_tokens_and_tau(vllm_target_dir, raw_drafter_dir,
+                                                                      dmtp_drafter_dir, tmp_path):
+    """tools/bench/bench_vllm_prefix.py (BENCHMARKS.md's prefix-cache table): both passes, caching on and off, give
+    the same tokens and tau; the DMTP drafter's second pass with caching on is rebuilt from the store (no miss)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_vllm_prefix", ROOT / "tools" / "bench" / "bench_vllm_prefix.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "prefix.json"
+    bench.main(["--target", str(vllm_target_dir), "--drafter", str(raw_drafter_dir), "--drafter", str(dmtp_drafter_dir),
+                "--num-prompts", "3", "--prompt-tokens", "128", "--max-new-tokens", "16", "--out", str(out)])
+    report = json.loads(out.read_text())["drafters"]
+    for figures in report.values():
+        taus = {figures[c][p]["tau"] for c in ("on", "off") for p in ("first", "second")}
+        assert len(taus) == 1 and all(figures[c]["same_tokens"] for c in ("on", "off"))
+    dmtp = report[str(dmtp_drafter_dir)]["on"]
+    assert dmtp["hits"] == 3 and dmtp["misses"] == 0 and dmtp["rebuilt_rows"] == 3 * 64   # 2 blocks of 32 each
+    assert "hits" not in report[str(raw_drafter_dir)]["on"]
