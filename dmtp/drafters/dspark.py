@@ -240,5 +240,6 @@ def markov_walk(markov_head: MarkovHead, base: torch.Tensor, hidden: torch.Tenso
         tokens.append(pick)
     return torch.stack(tokens, dim=-1), (torch.stack(qs, dim=-2) if qs else None)
 
+
 __all__ = ["ConfidenceHead", "DSPARK_ARCH", "DSparkConfig", "DSparkDrafter", "MARKOV_VARIANTS", "MarkovHead",
            "markov_walk"]

@@ -16,7 +16,8 @@ adds to it, both loaded and run by dmtp's own modules (one rule in one place):
 
 `draft_candidates` is the drafter's half of a round as dmtp's `BlockDrafter.draft_block` proposes it.
 
-Registered under the export's architecture name (`DMTPDraftModel`) by `dmtp.serving.vllm.plugin`;
+Registered under the exports' architecture names (`DMTPDraftModel`, `DMTPDSparkDraftModel`) by
+`dmtp.serving.vllm.plugin`;
 `dmtp.serving.vllm.plugin_proposer` drives it. Imported only inside vLLM processes.
 """
 from __future__ import annotations
