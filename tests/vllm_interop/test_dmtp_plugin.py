@@ -167,7 +167,8 @@ def test_a_variant_vllms_block_cannot_host_is_refused_with_the_reason(vllm_targe
     """fusion_t1's block starts at T1 ([T1+D, MASK x6] after A): never served as another layout."""
     fresh_drafter_for(vllm_target, "fusion_t1", vllm_target.config.vocab_size - 1).save(tmp_path / "fusion_t1")
     spec = {"method": "dflash", "model": str(tmp_path / "fusion_t1"), "num_speculative_tokens": K}
-    refusal = r"\(fusion_t1\) cannot be served by vLLM: its block does not start at the anchor"
+    refusal = (r"\(fusion_t1\) cannot be served by vLLM: its block does not start at the anchor .*; "
+               r"decode it with python -m dmtp.infer")
     with pytest.raises(Exception, match=refusal):
         make_llm(vllm_target_dir, ENGINE_ARGS, speculative_config=spec)
 

@@ -94,7 +94,8 @@ class DMTPDraftModelForVLLM(DFlashQwen3ForCausalLM):
                                              **meta.get("injection_kwargs", {}))
         problem = serving_layout_problem(self.dmtp_injection, config, spec.num_speculative_tokens)
         if problem:
-            raise ValueError(f"DMTP drafter {self.drafter_dir} ({name}) cannot be served by vLLM: {problem}")
+            raise ValueError(f"DMTP drafter {self.drafter_dir} ({name}) cannot be served by vLLM: {problem}; "
+                             "decode it with python -m dmtp.infer (dmtp's own loop runs every variant)")
         self.dmtp_mtp: NativeMTP | ProposingMTP | None = None
         rank = require_correction_rank(meta.get("mtp_correction_rank", 0))
         self.dmtp_mtp_correction = MTPCorrection(config.hidden_size, rank) if rank else None
