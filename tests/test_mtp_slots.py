@@ -84,7 +84,7 @@ def test_a_chained_step_is_scratch_and_equals_a_private_caches_row(micro_mtp):
     oracle.catch_up(prompt)
     assert (slots.rows_before("a"), slots.rows_before("b"), slots.rows_before("new")) == (9, 3, 0)
     tokens, anchors = torch.randint(vocab, (2,)), torch.tensor([9, 3])
-    got = slots.chain_step(["a", "b"], tokens, h, anchors + 1, span=11)
+    got = slots.chain_step(slots.slots_of(["a", "b"]), tokens, h, anchors + 1, span=11)
     for i, req in enumerate(("a", "b")):
         cache = oracle.caches[req]
         want = micro_mtp.forward_rows(tokens[i].view(1, 1), h[i].view(1, 1, -1), (anchors[i] + 1).view(1, 1), cache,

@@ -38,12 +38,21 @@ PRODUCTION = {
 }
 
 
-@pytest.fixture(scope="module", params=sorted(PRODUCTION))
-def production(request, tmp_path_factory):
+_TRAINED: dict = {}   # name -> drafter dir: each drafter is trained once for the whole module
+
+
+def _trained(name: str, tmp_path_factory):
     from tests.vllm_interop.common import train_interop_drafter
 
-    injection, overrides = PRODUCTION[request.param]
-    return request.param, train_interop_drafter(tmp_path_factory, injection, num_layers=2, overrides=overrides)
+    if name not in _TRAINED:
+        injection, overrides = PRODUCTION[name]
+        _TRAINED[name] = train_interop_drafter(tmp_path_factory, injection, num_layers=2, overrides=overrides)
+    return _TRAINED[name]
+
+
+@pytest.fixture(scope="module", params=sorted(PRODUCTION))
+def production(request, tmp_path_factory):
+    return request.param, _trained(request.param, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +153,7 @@ def test_the_first_speculative_position_samples_the_targets_distribution(served,
     assert p_value > 1e-4, p_value
 
 
-def test_argmax_drafts_keep_the_targets_distribution(production, vllm_target, vllm_target_dir, vllm_tokenizer,
+def test_argmax_drafts_keep_the_targets_distribution(tmp_path_factory, vllm_target, vllm_target_dir, vllm_tokenizer,
                                                      interop_prompts, tmp_path):
     """The draft rule per slot source in the drafter's config.json (`"dmtp": {"draft_rule": {...}}`, dmtp.infer's
     option): argmax drafts with q one-hot go through vLLM's rejection sampler losslessly; an unknown rule is
@@ -152,10 +161,8 @@ def test_argmax_drafts_keep_the_targets_distribution(production, vllm_target, vl
     import json
     import shutil
 
-    if production[0] != "greedy":
-        pytest.skip("one drafter is enough for the rule")
-    drafter = tmp_path / "argmax"
-    shutil.copytree(production[1], drafter)
+    drafter = tmp_path / "argmax"   # the greedy production drafter, with argmax drafts from both slot sources
+    shutil.copytree(_trained("greedy", tmp_path_factory), drafter)
     config = json.loads((drafter / "config.json").read_text())
     config["dmtp"]["draft_rule"] = {"mtp": "argmax", "block": "argmax"}
     (drafter / "config.json").write_text(json.dumps(config))

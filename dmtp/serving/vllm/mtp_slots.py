@@ -89,11 +89,15 @@ class MTPSlots:
             self.last_row[r.req_id] = r.first_position + len(r.tokens) - 1
         return out
 
-    def chain_step(self, req_ids: list[str], tokens: torch.Tensor, hidden: torch.Tensor,
+    def slots_of(self, req_ids: list[str]) -> torch.Tensor:
+        """[B] the cache slots of live requests (once per round, for its chained steps)."""
+        return torch.tensor([self.slot_of[r] for r in req_ids], device=self.cache.k.device)
+
+    def chain_step(self, slots: torch.Tensor, tokens: torch.Tensor, hidden: torch.Tensor,
                    positions: torch.Tensor, span: int) -> torch.Tensor:
         """One chained row per request, scratch (the next catch-up overwrites it): the row at `positions` [B]
-        consumes (tokens [B], hidden [B, H]) -> its output [B, H]. `span` > every position."""
-        slots = torch.tensor([self.slot_of[r] for r in req_ids], device=self.cache.k.device)
+        of the requests' `slots` [B] consumes (tokens [B], hidden [B, H]) -> its output [B, H]. `span` > every
+        position."""
         g = self.mtp.forward_rows(tokens[:, None], hidden[:, None], positions[:, None],
                                   _SlotRows(self.cache, slots, span), span=span)
         return g[:, 0]

@@ -156,11 +156,12 @@ class DMTPProposer(DFlashProposer):
         """The MTP's tokens of this round (T1..TS, chained in scratch rows after each anchor), the hiddens that
         predicted them, their q when sampled, and m per request."""
         inj, steps = self.injection, self.injection.mtp_steps
-        positions = torch.tensor(anchors, device=h1.device)
-        span = max(anchors) + steps
+        if steps > 1:   # the chained rows' slots and positions, once per round
+            slots, positions = self.mtp_slots.slots_of(req_ids), torch.tensor(anchors, device=h1.device)
+            span = max(anchors) + steps
 
         def step(j, token, h):
-            return self.mtp_slots.chain_step(req_ids, token, h, positions + j, span)
+            return self.mtp_slots.chain_step(slots, token, h, positions + j, span)
 
         chain = chain_mtp(self._proposing_mtp(sampling_metadata), h1, steps, step,
                           pick=self._picker(sampling_metadata, "mtp"), keep_logits=steps > 1)
