@@ -12,7 +12,7 @@ from dmtp.tiny.shipped import compare_with_shipped, shipped_copy, unpack_shipped
 from dmtp.tiny.targets import default_target_dir, ensure_tiny_target
 
 
-@pytest.mark.parametrize("preset", ["tiny", "tiny_hybrid", "assistant", "assistant_hybrid"])
+@pytest.mark.parametrize("preset", ["tiny", "tiny_hybrid", "assistant", "assistant_early", "assistant_hybrid"])
 def test_the_embedded_targets_ship_with_their_hashes(preset):
     source = shipped_copy(default_target_dir(preset).name)
     assert source is not None, f"the {preset} target must ship with the package (its recipe's build)"

@@ -121,6 +121,12 @@ PRESETS = {
     "assistant": AssistantPreset(name="assistant", vocab_size=2048, hidden_size=64, num_layers=8, num_heads=2,
                                  num_kv_heads=1, head_dim=32, intermediate_size=192, seq_len=256, batch_size=6,
                                  steps=1500, lr=3e-3),
+    # `assistant` stopped early (200 of its 1500 steps, the schedule over those 200): the same corpus and chained MTP
+    # loss, a target between the base-model regime of `tiny` and the chat-model regime of `assistant` on the
+    # quantities that decide acceptance (docs/results.md §11's map across targets).
+    "assistant_early": AssistantPreset(name="assistant_early", vocab_size=2048, hidden_size=64, num_layers=8,
+                                       num_heads=2, num_kv_heads=1, head_dim=32, intermediate_size=192, seq_len=256,
+                                       batch_size=6, steps=200, lr=3e-3),
     "assistant_hybrid": AssistantHybridPreset(name="assistant_hybrid", vocab_size=2048, hidden_size=64, num_layers=8,
                                               num_heads=2, num_kv_heads=1, head_dim=32, intermediate_size=192,
                                               seq_len=256, batch_size=8, steps=1400, lr=3e-3),
