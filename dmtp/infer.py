@@ -1,6 +1,6 @@
 """Decode a prompt set with every method through the one loop: `python -m dmtp.infer` (Hydra; conf/infer.yaml).
 
-With no arguments: the embedded tiny target, the newest drafter trained for it in this directory
+With no arguments: the embedded chat-model target (assistant), the newest drafter trained for it in this directory
 (`outputs/**/drafter` or `logs/**/drafter`), the embedded held-out prompts of each domain, methods
 ar / mtp415 / drafter. Prints a table and writes `metrics.json` to the run directory.
 

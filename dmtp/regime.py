@@ -1,7 +1,7 @@
 """Place a target among served models: `python -m dmtp.regime` (Hydra; conf/regime.yaml).
 
-    python -m dmtp.regime                              # the embedded base-model target (tiny)
-    python -m dmtp.regime target=assistant             # the embedded chat-model target
+    python -m dmtp.regime                              # the embedded chat-model target (assistant)
+    python -m dmtp.regime target=tiny                  # the embedded base-model target
     python -m dmtp.regime target.path=/models/Qwen3.6-27B num_prompts=32
 
 A command only: the work is done by dmtp.inference.regime_run (imported once Hydra has composed the config).

@@ -25,7 +25,7 @@ def test_option_composes(group, option):
 def test_default_config_shape():
     cfg = compose_train(tiny=False)
     assert cfg.injection._target_.endswith("DualAnchorZeroInit")
-    assert cfg.target.preset == "tiny" and cfg.target.path is None
+    assert cfg.target.preset == "assistant" and cfg.target.path is None
     assert list(cfg.data.domains) == ["code", "math"]  # prose held out by default
 
 

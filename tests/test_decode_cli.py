@@ -30,7 +30,7 @@ def _compose(overrides):
 
 def test_default_config_composes():
     cfg = _compose(["output_dir=/tmp/x"])
-    assert cfg.target.path is None and cfg.target.preset == "tiny"
+    assert cfg.target.path is None and cfg.target.preset == "assistant"
     assert list(cfg.methods) == ["ar", "mtp415", "drafter"]
     assert cfg.drafter.path is None and cfg.temperature == 0.0 and cfg.cuda_graphs is True
     assert cfg.eval.name == "embedded" and list(cfg.eval.domains) == ["code", "prose", "math", "code_tasks"]

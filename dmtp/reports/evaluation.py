@@ -1,7 +1,8 @@
 """The table a training run ends with when it decodes under the evaluation protocol (decode_eval; the quick
-start's): per workload, in each decoding mode side by side, the drafter's tau and the target's own MTP415 chain's
-on the same prompts, each with its 95% bootstrap interval over the prompts, and the paired change with the
-verdict the intervals allow ("beats", "loses to", or "~" within noise).
+start's): per workload, in each decoding mode side by side, the drafter's tau and that of the target's own MTP
+chained alone on the same prompts (MTP415, and mtp:7 over the whole block where it was decoded), each with its 95%
+bootstrap interval over the prompts, and the paired change with the verdict the intervals allow ("wins", "loses",
+or "~" within noise).
 
 From the "eval" record of metrics.json (dmtp.training.evaluate)."""
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from dmtp.reports.intervals import bootstrap_interval, paired_ratio, separated
 from dmtp.reports.tables import format_table
 
-BASELINE = "mtp415"
+BASELINES = ("mtp415", "mtp:7")   # the first always; the second where the record decoded it
 
 
 def _cell(stats: dict | None) -> str:
@@ -30,29 +31,36 @@ def _versus(mine: dict | None, theirs: dict | None) -> str:
     return f"{100 * change[0]:+.1f}% {mark}"
 
 
+def _baselines(modes: dict) -> list[str]:
+    decoded = {m for per in modes.values() for methods in per.values() for m in methods}
+    return [BASELINES[0]] + [b for b in BASELINES[1:] if b in decoded]
+
+
 def evaluation_table(record: dict, method: str, step: int | None = None) -> str | None:
     """None when the record decoded nothing."""
     modes = record.get("modes") or {}
     if not modes:
         return None
-    workloads = list(next(iter(modes.values())))
+    workloads, baselines = list(next(iter(modes.values()))), _baselines(modes)
     columns, rows = ["workload"], []
     for mode in modes:
-        columns += [f"{mode} drafter", f"{mode} {BASELINE}", f"{mode} vs {BASELINE}"]
+        columns += [f"{mode} drafter"] + [f"{mode} {b}" for b in baselines] + [f"{mode} vs {b}" for b in baselines]
     for wl in workloads:
         row = {"workload": wl}
         for mode, per in modes.items():
-            mine, theirs = per.get(wl, {}).get("drafter"), per.get(wl, {}).get(BASELINE)
+            mine = per.get(wl, {}).get("drafter")
             row[f"{mode} drafter"] = _cell(mine)
-            row[f"{mode} {BASELINE}"] = _cell(theirs)
-            row[f"{mode} vs {BASELINE}"] = _versus(mine, theirs)
+            for b in baselines:
+                theirs = per.get(wl, {}).get(b)
+                row[f"{mode} {b}"], row[f"{mode} vs {b}"] = _cell(theirs), _versus(mine, theirs)
         rows.append(row)
     protocol = record.get("protocol") or {}
     counts = ", ".join(f"{wl} {n}" for wl, n in (protocol.get("workloads") or {}).items())
     at = f" at step {step}" if step is not None else ""
     title = (f"held-out decoding, {method}{at}: tau per request [95% bootstrap interval over the prompts]; "
-             f"{BASELINE}: the target's MTP chained alone on the same prompts; wins/loses: intervals apart, "
-             f"~: within noise\ntarget {protocol.get('target')} (weights {protocol.get('target_digest') or 'not hashed'}); "
+             f"{' / '.join(baselines)}: the target's MTP chained alone on the same prompts; wins/loses: intervals "
+             f"apart, ~: within noise\ntarget {protocol.get('target')} (weights "
+             f"{protocol.get('target_digest') or 'not hashed'}); "
              f"prompts: {counts}; {protocol.get('max_new_tokens')} new tokens, batch {protocol.get('batch_size')}")
     return format_table(rows, columns, title=title)
 
