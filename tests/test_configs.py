@@ -5,6 +5,7 @@ import pytest
 from hydra.utils import instantiate
 
 from dmtp.injection import VARIANTS
+from dmtp.injection.catalogue import CATALOGUE
 from dmtp.configs import CONF_DIR, compose_train
 
 GROUPS = {p.name: sorted(f.stem for f in p.glob("*.yaml")) for p in Path(CONF_DIR).iterdir() if p.is_dir()}
@@ -18,20 +19,24 @@ def test_every_injection_variant_has_a_config_and_vice_versa():
 def test_option_composes(group, option):
     prefix = "+" if group == "sweep" else ""  # sweeps are appended: python -m dmtp.train -m +sweep=<name>
     cfg = compose_train([f"{prefix}{group}={option}"], tiny=False)
-    if group not in ("logger", "callbacks", "experiment", "debug", "sweep"):  # global overlays leave no node
+    overlays = ("logger", "callbacks", "experiment", "debug", "sweep", "recipe", "production")   # they leave no node
+    if group not in overlays:
         assert cfg[group] is not None
 
 
 def test_default_config_shape():
     cfg = compose_train(tiny=False)
-    assert cfg.injection._target_.endswith("DualAnchorZeroInit")
+    assert cfg.injection._target_.endswith("MultiMTPZeroInit") and cfg.injection.max_mtp_tokens == 7
+    assert (cfg.model.loss, cfg.model.label_source, cfg.data.regen_temperature) == ("dspark", "target_kl", 1.0)
     assert cfg.target.preset == "assistant" and cfg.target.path is None
     assert list(cfg.data.domains) == ["code", "math"]  # prose held out by default
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_injection_instantiates(name):
-    cfg = compose_train([f"injection={name}"])
+    # multi_mtp_zero_init's default M = 7 fills a block of 8; M = 3 fits every block size below
+    small_m = ["injection.max_mtp_tokens=3"] if name == "multi_mtp_zero_init" else []
+    cfg = compose_train([f"injection={name}", *small_m])
     for block_size in (4, 8, 16):
         inj = instantiate(cfg.injection)(hidden_size=32, num_target_features=3, mask_token_id=5,
                                          block_size=block_size)
@@ -51,3 +56,38 @@ def test_trainer_logger_callbacks_instantiate(tmp_path):
         c = compose_train([f"trainer={option}", "trainer.devices=1", "trainer.accelerator=cpu"],
                           output_dir=tmp_path, tiny=False)
         instantiate(c.trainer, logger=False, enable_checkpointing=False)
+
+
+def test_the_default_run_is_the_production_drafter():
+    """No arguments train what experiment=sampled names (the published regime's one drafter for both modes)."""
+    assert compose_train(tiny=False) == compose_train(["experiment=sampled"], tiny=False)
+    greedy = compose_train(["experiment=greedy"], tiny=False)
+    assert greedy.injection._target_.endswith("DualAnchorZeroInit") and greedy.drafter.mtp_correction_rank > 0
+    assert (greedy.model.loss, greedy.model.label_source, greedy.data.regen_temperature) == ("ce", "target", 0.0)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_a_variant_alone_trains_under_the_default_recipe(name):
+    """`injection=<variant>` swaps the variant only: the recipe stays, the production's options do not leak."""
+    cfg = compose_train([f"injection={name}"], tiny=False)
+    assert cfg.model.loss == "dspark" and set(cfg.injection) <= {"_target_", "_partial_", *CATALOGUE[name].options}
+    assert compose_train([f"injection={name}", "recipe=greedy"], tiny=False).model.loss == "ce"
+
+
+def _recipe(cfg) -> tuple:
+    return cfg.model.loss, cfg.model.label_source, cfg.model.label_temperature, cfg.data.regen_temperature
+
+
+SAMPLED_RECIPE, GREEDY_RECIPE = ("dspark", "target_kl", 1.0, 1.0), ("ce", "target", 1.0, 0.0)
+
+
+@pytest.mark.parametrize("row", [o for o in GROUPS["experiment"] if o.startswith("study_")])
+def test_study_rows_name_their_recipe(row):
+    """Each study row keeps the recipe its published numbers came from, whatever the default."""
+    expected = SAMPLED_RECIPE if row.endswith("_sampled") else GREEDY_RECIPE
+    assert _recipe(compose_train([f"experiment={row}"], tiny=False)) == expected
+
+
+@pytest.mark.parametrize("sweep", ["ablation", "drafters", "dspark", "dspark_main", "main"])
+def test_base_model_sweeps_keep_the_greedy_recipe(sweep):
+    assert _recipe(compose_train([f"+sweep={sweep}"], tiny=False)) == GREEDY_RECIPE

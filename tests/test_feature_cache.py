@@ -20,7 +20,10 @@ from dmtp.training.components import build_components
 from dmtp.training.job import train
 from dmtp.datagen.shards import Share
 
-ROWS = ["data=regenerated", "data.regen_sequences=16", "trainer.precision=32-true", "data.feature_shard_rows=8"]
+# The greedy recipe's rows (CE on greedy labels: what a cache holds with its default feature options)
+ROWS = ["data=regenerated", "data.regen_sequences=16", "trainer.precision=32-true", "data.feature_shard_rows=8",
+        "recipe=greedy"]
+DMTP = ["injection=dual_anchor_zero_init"]
 
 
 class Losses(L.Callback):
@@ -65,7 +68,7 @@ def test_training_from_the_cache_is_the_online_run(injection, home, tmp_path, mi
 
 
 def test_the_trainer_from_the_cache_loads_only_the_embedding_and_head(home, tmp_path, micro_target_dir):
-    options = ROWS + [f"target.path={micro_target_dir}", "data.features=true"]
+    options = ROWS + DMTP + [f"target.path={micro_target_dir}", "data.features=true"]
     for missing, step in ((r"the regeneration cache .* has no verified shard-00000.safetensors and the target's "
                            r"decoder is not loaded here: write it first with python -m dmtp.prepare step=regen",
                            "regen"),
@@ -98,7 +101,8 @@ def test_the_trainer_from_the_cache_loads_only_the_embedding_and_head(home, tmp_
 def test_a_cache_that_would_not_hold_what_the_run_reads_is_one_line(options, match, micro_target_dir):
     from dmtp.training.job import check_decode_eval_fits
 
-    cfg = compose_train(ROWS + [f"target.path={micro_target_dir}", "data.features=true", *options])
+    dmtp = [] if any(o.startswith("injection=") for o in options) else DMTP
+    cfg = compose_train(ROWS + dmtp + [f"target.path={micro_target_dir}", "data.features=true", *options])
     with pytest.raises(ValueError, match=match) as err:
         check_decode_eval_fits(cfg)
         build_components(cfg)
@@ -148,7 +152,7 @@ def test_the_storage_bill_refuses_a_disk_too_small_before_capturing(home, tmp_pa
 
     monkeypatch.setattr(prep.shutil, "disk_usage", lambda path: Usage)
     with pytest.raises(ValueError, match=r"needs .* more at .*, but only 10.0 KB is free"):
-        _capture(ROWS + [f"target.path={micro_target_dir}"], tmp_path / "capture")
+        _capture(ROWS + DMTP + [f"target.path={micro_target_dir}"], tmp_path / "capture")
     assert "feature cache of the training rows: 16 rows, 1024 tokens x 265 B/token" in capsys.readouterr().out
     assert not list((home / "cache").glob("features-*/shard-*"))
 

@@ -19,7 +19,8 @@ from dmtp.training.export import export_dtype
 
 # Constant learning rate (no schedule), so that a 2-step run continued to 4 steps is the 4-step run; clipping
 # at a small norm, so that every step is clipped (a norm of the local shard alone would show).
-COMMON = ["debug=tiny_budget", "logger=csv", "~callbacks.lr_monitor", "trainer.precision=32-true",
+COMMON = ["debug=tiny_budget", "injection=dual_anchor_zero_init", "recipe=greedy", "logger=csv",
+          "~callbacks.lr_monitor", "trainer.precision=32-true",
           "trainer.gradient_clip_val=0.05", "model.scheduler=null", "data.max_examples=40", "model.val_walk=false",
           "trainer.val_check_interval=4", "trainer.max_steps=4", "callbacks.model_checkpoint.every_n_train_steps=2",
           "callbacks.model_checkpoint.save_top_k=-1"]

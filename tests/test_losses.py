@@ -23,7 +23,7 @@ def test_total_variation_follows_its_definition():
 
 def _module(*overrides):
     torch.manual_seed(0)
-    _, tokenizer, _, module = build_components(compose_train(["injection=dual_anchor_zero_init", *overrides]))
+    _, tokenizer, _, module = build_components(compose_train(["injection=dual_anchor_zero_init", "recipe=greedy", *overrides]))
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(10, 400, (2, 48), generator=g)
     return module, ids, torch.ones_like(ids)
@@ -32,7 +32,7 @@ def _module(*overrides):
 @pytest.mark.parametrize("drafter", ["dflash", "dspark"])
 def test_dspark_mix_is_the_weighted_sum_of_ce_and_tv(drafter):
     """The same blocks (same seed) under each loss: dspark = 0.1 ce + 0.9 tv, and tv is the decayed mean of
-    the TV of each supervised slot; the default is ce."""
+    the TV of each supervised slot; the greedy recipe's is ce."""
     module, ids, mask = _module(f"drafter={drafter}", "drafter.num_layers=1")
     assert module.loss_name == "ce" and module.loss_mix == (1.0, 0.0)
     losses = {}

@@ -202,7 +202,7 @@ def test_a_correction_trained_on_greedy_tokens_stays_out_of_sampled_decoding(tmp
 def test_training_marks_a_greedy_only_correction(overrides, greedy_only, micro_target, micro_mtp):
     from hydra.utils import instantiate
 
-    cfg = compose_train(["drafter.mtp_correction_rank=4", *overrides])
+    cfg = compose_train(["drafter.mtp_correction_rank=4", "recipe=greedy", *overrides])
     drafter = fresh_drafter_for(micro_target, "dual_anchor_zero_init", 1, mtp_correction_rank=4)
     instantiate(cfg.model)(target=micro_target, mtp=micro_mtp, drafter=drafter)
     assert drafter.mtp_correction.greedy_only is greedy_only

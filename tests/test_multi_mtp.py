@@ -106,7 +106,7 @@ def test_training_chain_is_decodings_chain(micro_target, micro_mtp):
 
 
 def test_training_samples_m_and_leaves_mtp_slots_unsupervised():
-    cfg = compose_train(["injection=multi_mtp_zero_init"])
+    cfg = compose_train(["injection=multi_mtp_zero_init", "injection.max_mtp_tokens=3"])
     _, _, _, module = build_components(cfg)
     inj = module.drafter.injection
     m = inj.sample_num_mtp((4000,), BatchDraws(torch.Generator().manual_seed(0)))

@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE",
             "SLURM_PROCID")
 # test_fsdp.py's run: constant learning rate, every step clipped, checkpoints every 2 steps; here from the cache.
-COMMON = ["debug=tiny_budget", "logger=csv", "~callbacks.lr_monitor", "trainer.precision=32-true",
+COMMON = ["debug=tiny_budget", "injection=dual_anchor_zero_init", "recipe=greedy", "logger=csv",
+          "~callbacks.lr_monitor", "trainer.precision=32-true",
           "trainer.gradient_clip_val=0.05", "model.scheduler=null", "data.max_examples=40", "model.val_walk=false",
           "trainer.val_check_interval=4", "trainer.max_steps=4", "callbacks.model_checkpoint.every_n_train_steps=2",
           "callbacks.model_checkpoint.save_top_k=-1", "data.features=true", "data.feature_codec=fp32"]

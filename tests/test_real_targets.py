@@ -170,7 +170,8 @@ def family_ckpt(request, tmp_path_factory, micro_target_dir):
 
 
 def _train_overrides(root: Path) -> list[str]:
-    return ["target=local", f"target.path={root}", "target.dtype=float32", "trainer.max_steps=2",
+    return ["target=local", f"target.path={root}", "target.dtype=float32", "injection=dual_anchor_zero_init",
+            "recipe=greedy", "trainer.max_steps=2",
             "trainer.val_check_interval=2", "data.max_examples=8", "data.val_prompts=1", "data.val_new_tokens=8",
             "decode_eval.enabled=false"]
 

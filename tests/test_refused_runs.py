@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from cli_runner import run_command
 
-RUN = ["debug=tiny_budget", "logger=none", "callbacks=default", "~callbacks.lr_monitor",
+RUN = ["debug=tiny_budget", "recipe=greedy", "logger=none", "callbacks=default", "~callbacks.lr_monitor",
        "callbacks.model_checkpoint.every_n_train_steps=1", "data.max_examples=40", "model.val_walk=false",
        "trainer.enable_progress_bar=false", "trainer.max_steps=1"]
 

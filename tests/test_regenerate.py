@@ -103,7 +103,8 @@ def test_bad_settings_are_one_line_errors(bad, match):
 
 def test_training_on_regenerated_data(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(regen_mod, "dmtp_home", lambda: tmp_path / "home")
-    summary = train(compose_train(["data=regenerated", "data.regen_sequences=8", "data.regen_temperature=0.8"],
+    summary = train(compose_train(["data=regenerated", "injection=dual_anchor_zero_init", "recipe=greedy",
+                                   "data.regen_sequences=8", "data.regen_temperature=0.8"],
                                   output_dir=tmp_path / "run"))
     assert summary["global_step"] == 4
     # The run ends with the per-domain walk table, then the command that decodes with the drafter.

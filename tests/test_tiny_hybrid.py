@@ -114,7 +114,7 @@ def test_greedy_decoding_equals_transformers_cached_generate(micro_hybrid_dir, h
 
 
 def test_train_composes_and_runs_two_steps_on_micro_hybrid(micro_hybrid_dir, tmp_path):
-    cfg = compose_train(["target.preset=micro_hybrid", "trainer.max_steps=2", "trainer.val_check_interval=2",
+    cfg = compose_train(["target.preset=micro_hybrid", "injection=dual_anchor_zero_init", "trainer.max_steps=2", "trainer.val_check_interval=2",
                          "data.max_examples=8", "data.val_prompts=1", "data.val_new_tokens=8",
                          "decode_eval.enabled=false"], output_dir=tmp_path)
     assert cfg.target.preset == "micro_hybrid"

@@ -101,6 +101,6 @@ def test_a_loss_on_data_tokens_skips_the_targets_lm_head_and_changes_nothing(pre
     full, alone = target(ids, layer_ids=[0, 1]), target(ids, layer_ids=[0, 1], logits=False)
     assert alone.logits is None and full.logits is not None
     assert torch.equal(full.layer_hidden, alone.layer_hidden) and torch.equal(full.last_hidden, alone.last_hidden)
-    module = build_components(compose_train(["debug=tiny_budget", "model.label_source=data"]))[3]
+    module = build_components(compose_train(["debug=tiny_budget", "recipe=greedy", "model.label_source=data"]))[3]
     assert not module.needs_target_logits
-    assert build_components(compose_train(["debug=tiny_budget", "model.label_source=target"]))[3].needs_target_logits
+    assert build_components(compose_train(["debug=tiny_budget", "recipe=greedy", "model.label_source=target"]))[3].needs_target_logits

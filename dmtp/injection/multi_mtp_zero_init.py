@@ -28,7 +28,7 @@ from dmtp.injection.catalogue import register_variant
 def _check_options(max_mtp_tokens, mtp_threshold, num_mtp_tokens, num_candidates: int) -> None:
     if type(max_mtp_tokens) is not int or not 1 <= max_mtp_tokens <= num_candidates:
         raise ValueError(f"max_mtp_tokens must be an integer in 1..{num_candidates} (the block's candidates, "
-                         f"block_size - 1), got {max_mtp_tokens!r}")
+                         f"block_size - 1; injection.max_mtp_tokens=...), got {max_mtp_tokens!r}")
     if num_mtp_tokens is not None and (type(num_mtp_tokens) is not int or not 1 <= num_mtp_tokens <= max_mtp_tokens):
         raise ValueError(f"num_mtp_tokens must be an integer in 1..max_mtp_tokens={max_mtp_tokens} (null: "
                          f"{max_mtp_tokens}), got {num_mtp_tokens!r}")

@@ -37,7 +37,7 @@ INTERFACES = {
 
 # Options that make another method of the same variant and drafter (not another seed of it): the row's method gets
 # "[loss=tv]", "[markov_head_type=rnn]", "[loss=dspark, label_source=target_kl, regen_temperature=1.0]" when a job ran
-# them at other than their default. Read from the job's composed config (.hydra/config.yaml), else its overrides.
+# them at other than the greedy recipe's (conf/recipe/greedy.yaml) and the vanilla head, the rows' common reference. Read from the job's composed config (.hydra/config.yaml), else its overrides.
 METHOD_OPTIONS = {"model.loss": "ce", "drafter.markov_head_type": "vanilla", "model.label_source": "target",
                   "model.label_temperature": 1.0, "data.regen_temperature": 0.0}
 

@@ -18,15 +18,17 @@ NEW_TOKENS = 64
 def train_interop_drafter(tmp_path_factory, injection: str, num_layers: int = 1, overrides: tuple[str, ...] = ()):
     """A `num_layers` `injection` drafter trained 40 steps on micro_vllm's own greedy responses (enough for
     acceptance to be non-trivial, so equal acceptance in vLLM and dmtp means something). `overrides`: more
-    training overrides (e.g. `drafter=dflash2`)."""
+    training overrides (e.g. `drafter=dflash2`; an `experiment=` brings its own recipe)."""
     from dmtp.configs import compose_train
     from dmtp.training.job import train
+
+    recipe = [] if any(o.startswith("experiment=") for o in overrides) else ["recipe=greedy"]
 
     run = tmp_path_factory.mktemp("-".join([injection, *overrides]).replace("=", "_")) / "run"
     cfg = compose_train(["target=micro_vllm", f"injection={injection}", f"drafter.num_layers={num_layers}",
                          "trainer.max_steps=40",
                          "trainer.val_check_interval=1000", "model.val_walk=false", "trainer.enable_progress_bar=false",
-                         "data.regen_sequences=96", "data.regen_new_tokens=64", "data.seq_len=96", *overrides],
+                         "data.regen_sequences=96", "data.regen_new_tokens=64", "data.seq_len=96", *recipe, *overrides],
                         output_dir=run)
     return train(cfg)["drafter"]
 

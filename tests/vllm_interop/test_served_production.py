@@ -31,7 +31,7 @@ from dmtp.serving.vllm.engine import generate, make_llm, sampling_params, shutdo
 K = 7
 SECOND_TOKEN_SAMPLES = 512
 PRODUCTION = {
-    "greedy": ("dual_anchor_zero_init", ("drafter=dspark", "drafter.mtp_correction_rank=8")),
+    "greedy": ("dual_anchor_zero_init", ("experiment=greedy", "drafter.mtp_correction_rank=8")),
     "sampled": ("multi_mtp_zero_init", ("experiment=sampled", "drafter.mtp_correction_rank=8")),
     "chain3": ("multi_mtp_zero_init", ("drafter=dspark", "injection.max_mtp_tokens=3", "injection.mtp_threshold=0.5",
                                        "drafter.mtp_correction_rank=8")),
