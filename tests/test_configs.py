@@ -34,7 +34,7 @@ def test_default_config_shape():
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_injection_instantiates(name):
-    # multi_mtp_zero_init's default M = 7 fills a block of 8; M = 3 fits every block size below
+    # the default run's M = 7 for multi_mtp_zero_init (conf/production/) fills a block of 8; M = 3 fits every size below
     small_m = ["injection.max_mtp_tokens=3"] if name == "multi_mtp_zero_init" else []
     cfg = compose_train([f"injection={name}", *small_m])
     for block_size in (4, 8, 16):
