@@ -25,18 +25,21 @@ def test_option_composes(group, option):
 
 
 def test_default_config_shape():
+    """No arguments train the seed's production method: dual-anchor zero-init DMTP on the DFlash backbone, DFlash's
+    position-decayed CE on the target's greedy responses, T1 from the data, the MTP frozen and uncorrected, on data
+    covering every workload the protocol decodes (SPEC §8); the held-out contrast is the shipped prompt sets."""
     cfg = compose_train(tiny=False)
-    assert cfg.injection._target_.endswith("MultiMTPZeroInit") and cfg.injection.max_mtp_tokens == 7
-    assert (cfg.model.loss, cfg.model.label_source, cfg.data.regen_temperature) == ("dspark", "target_kl", 1.0)
+    assert cfg.injection._target_.endswith("DualAnchorZeroInit") and cfg.drafter.get("architecture", "dflash") == "dflash"
+    assert (cfg.model.loss, cfg.model.label_source, cfg.data.regen_temperature) == ("ce", "target", 0.0)
+    assert cfg.model.t1_source == "data" and not cfg.model.train_mtp and cfg.drafter.mtp_correction_rank == 0
     assert cfg.target.preset == "assistant" and cfg.target.path is None
-    assert list(cfg.data.domains) == ["code", "math"]  # prose held out by default
+    assert set(cfg.data.domains) == {"code", "prose", "math"}
+    assert {"code_tasks", "prose_tasks"} <= set(cfg.decode_eval.domains)
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_injection_instantiates(name):
-    # the default run's M = 7 for multi_mtp_zero_init (conf/production/) fills a block of 8; M = 3 fits every size below
-    small_m = ["injection.max_mtp_tokens=3"] if name == "multi_mtp_zero_init" else []
-    cfg = compose_train([f"injection={name}", *small_m])
+    cfg = compose_train([f"injection={name}"])   # multi_mtp_zero_init's own M = 3 fits every block size below
     for block_size in (4, 8, 16):
         inj = instantiate(cfg.injection)(hidden_size=32, num_target_features=3, mask_token_id=5,
                                          block_size=block_size)
@@ -58,20 +61,28 @@ def test_trainer_logger_callbacks_instantiate(tmp_path):
         instantiate(c.trainer, logger=False, enable_checkpointing=False)
 
 
-def test_the_default_run_is_the_production_drafter():
-    """No arguments train what experiment=sampled names (the published regime's one drafter for both modes)."""
-    assert compose_train(tiny=False) == compose_train(["experiment=sampled"], tiny=False)
+def test_the_default_run_is_the_seeds_dmtp_row():
+    """No arguments train what `injection=dual_anchor_zero_init` names; the toolkit's stacks are one experiment each."""
+    assert compose_train(tiny=False) == compose_train(["injection=dual_anchor_zero_init"], tiny=False)
+    assert compose_train(tiny=False) == compose_train(["experiment=study_dmtp", "decode_eval.methods=[ar,mtp415,mtp:7,drafter]"], tiny=False)
     greedy = compose_train(["experiment=greedy"], tiny=False)
     assert greedy.injection._target_.endswith("DualAnchorZeroInit") and greedy.drafter.mtp_correction_rank > 0
+    assert greedy.drafter.architecture == "dspark"
     assert (greedy.model.loss, greedy.model.label_source, greedy.data.regen_temperature) == ("ce", "target", 0.0)
+    sampled = compose_train(["experiment=sampled"], tiny=False)
+    assert sampled.injection._target_.endswith("MultiMTPZeroInit") and sampled.injection.max_mtp_tokens == 7
+    assert sampled.drafter.mtp_correction_rank > 0 and sampled.model.loss == "dspark"
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
-def test_a_variant_alone_trains_under_the_default_recipe(name):
-    """`injection=<variant>` swaps the variant only: the recipe stays, the production's options do not leak."""
+def test_a_variant_alone_is_the_seeds_row(name):
+    """`injection=<variant>` swaps the variant only: the seed's backbone, loss and recipe stay, nothing of the
+    toolkit's stacks (DSpark heads, the MTP correction, a chain longer than the variant's own) leaks in."""
     cfg = compose_train([f"injection={name}"], tiny=False)
-    assert cfg.model.loss == "dspark" and set(cfg.injection) <= {"_target_", "_partial_", *CATALOGUE[name].options}
-    assert compose_train([f"injection={name}", "recipe=greedy"], tiny=False).model.loss == "ce"
+    default = compose_train(tiny=False)
+    assert cfg.model.loss == "ce" and set(cfg.injection) <= {"_target_", "_partial_", *CATALOGUE[name].options}
+    assert cfg.drafter == default.drafter and cfg.model == default.model and cfg.data == default.data
+    assert compose_train([f"injection={name}", "recipe=sampled"], tiny=False).model.loss == "dspark"
 
 
 def _recipe(cfg) -> tuple:

@@ -28,6 +28,17 @@ def embedded_prompts(tokenizer, domains, num_prompts: int, prompt_tokens: int,
     return out
 
 
+def held_out_workloads(workloads, trained_domains) -> list[str]:
+    """The workloads the drafter's data lacks: every shipped prompt set (held out as a set, as the seed's MT-Bench)
+    and any corpus domain outside `trained_domains` (the drafter data's domains; None: unknown, none counted).
+
+    The one rule behind every "in-distribution / held out" label the tables print."""
+    from dmtp.data.prompt_sets import PROMPT_SETS
+
+    trained = None if trained_domains is None else set(trained_domains)
+    return [wl for wl in workloads if wl in PROMPT_SETS or (trained is not None and wl not in trained)]
+
+
 def eval_set_prompts(tokenizer, name: str, path: str, num_prompts: int) -> tuple[list, dict[str, list[list[int]]]]:
     """A named eval set's first `num_prompts` requests and their first-turn prompts (completion-style sets,
     HumanEval and the plain `prompts` set, are continued as written; the others go through the chat template)."""

@@ -42,6 +42,16 @@ def decode_workloads(decoders: dict[str, Decoder], workloads: dict[str, list[lis
     return {"workloads": per_wl, "overall": overall, "results": results}
 
 
+def pooled(out: dict, workloads) -> dict:
+    """{method: summary} over the given workloads of a `decode_workloads` return value (requests pooled)."""
+    workloads = [wl for wl in workloads if wl in out["workloads"]]
+    if not workloads:
+        return {}
+    methods = {m for (_, m) in out["results"]}
+    return {m: _merge([out["results"][(wl, m)] for wl in workloads]) for m in sorted(methods)
+            if all((wl, m) in out["results"] for wl in workloads)}
+
+
 def _sampling_for(general: SamplingConfig, dec: Decoder) -> SamplingConfig:
     """The run's sampling as one method decodes it: confidence-scheduled verification applies to the drafters
     that predict acceptance, a length chosen per batch to those with an acceptance signal, a fixed length to

@@ -16,6 +16,7 @@ from dmtp.injection.six_mask_residual import SixMaskResidual
 from dmtp.injection.context_fusion import ContextFusion
 from dmtp.injection.mtp_context_only import MTPContextOnly
 from dmtp.injection.fusion_t1 import FusionT1
+from dmtp.injection.zero_init_t1 import ZeroInitT1
 from dmtp.injection.dual_anchor_fusion import DualAnchorFusion
 from dmtp.injection.dual_anchor_zero_init import DualAnchorZeroInit
 from dmtp.injection.multi_mtp_zero_init import MultiMTPZeroInit
@@ -25,4 +26,4 @@ VARIANTS = {name: entry.cls for name, entry in CATALOGUE.items()}
 
 __all__ = ["CATALOGUE", "Injection", "VARIANTS", "variant", "variant_of",
            "RawDFlash", "TokenOnly", "HiddenResidualT1", "SixMaskResidual", "ContextFusion", "MTPContextOnly",
-           "FusionT1", "DualAnchorFusion", "DualAnchorZeroInit", "MultiMTPZeroInit"]
+           "FusionT1", "ZeroInitT1", "DualAnchorFusion", "DualAnchorZeroInit", "MultiMTPZeroInit"]

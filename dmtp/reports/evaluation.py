@@ -45,8 +45,9 @@ def evaluation_table(record: dict, method: str, step: int | None = None) -> str 
     columns, rows = ["workload"], []
     for mode in modes:
         columns += [f"{mode} drafter"] + [f"{mode} {b}" for b in baselines] + [f"{mode} vs {b}" for b in baselines]
+    held_out = set((record.get("protocol") or {}).get("held_out") or ())
     for wl in workloads:
-        row = {"workload": wl}
+        row = {"workload": f"{wl} (held out)" if wl in held_out else wl}
         for mode, per in modes.items():
             mine = per.get(wl, {}).get("drafter")
             row[f"{mode} drafter"] = _cell(mine)
@@ -59,7 +60,7 @@ def evaluation_table(record: dict, method: str, step: int | None = None) -> str 
     at = f" at step {step}" if step is not None else ""
     title = (f"held-out decoding, {method}{at}: tau per request [95% bootstrap interval over the prompts]; "
              f"{' / '.join(baselines)}: the target's MTP chained alone on the same prompts; wins/loses: intervals "
-             f"apart, ~: within noise\ntarget {protocol.get('target')} (weights "
+             f"apart, ~: within noise; (held out): a prompt set or domain the drafter's data lacks\ntarget {protocol.get('target')} (weights "
              f"{protocol.get('target_digest') or 'not hashed'}); "
              f"prompts: {counts}; {protocol.get('max_new_tokens')} new tokens, batch {protocol.get('batch_size')}")
     return format_table(rows, columns, title=title)

@@ -15,9 +15,9 @@ from dmtp.data.corpora import corpus_of_target
 from dmtp.decode import SamplingConfig
 from dmtp.decode.sampling import draft_rules
 from dmtp.inference.drafter_choice import greedy_correction_note
-from dmtp.inference.prompt_choice import embedded_prompts
+from dmtp.inference.prompt_choice import embedded_prompts, held_out_workloads
 from dmtp.inference.setup import LoadedTarget, build_decoder, load_mtp
-from dmtp.inference.workloads import add_comparisons, decode_workloads
+from dmtp.inference.workloads import add_comparisons, decode_workloads, pooled
 from dmtp.models.provenance import weights_digest
 from dmtp.reports.decode_report import request_taus
 
@@ -77,11 +77,15 @@ def _target_mtp(loaded: LoadedTarget):
         return None
 
 
-def decode_after_training(target, mtp, drafter, tokenizer, domains=("code", "prose", "math", "code_tasks"),
+def decode_after_training(target, mtp, drafter, tokenizer,
+                          domains=("code", "prose", "math", "code_tasks", "prose_tasks"), trained_domains=None,
                           num_prompts: int = 32, prompt_tokens: int = 64, max_new_tokens: int = 128,
                           batch_size: int = 8, methods=EVAL_METHODS, modes=DEFAULT_MODES, seed: int = 0,
                           throughput_batch_sizes=()) -> dict:
     """-> {"eval": the protocol's record, plus the flat keys of the first greedy mode's drafter}.
+    `trained_domains`: the drafter data's corpus domains; the others, and every shipped prompt set, are labelled
+    held out (`protocol.held_out`) and pooled apart from the in-distribution ones (the rows "in-distribution" and
+    "held out" beside "all").
     `throughput_batch_sizes`: also decode all the workloads' prompts together greedily at each of these batch
     sizes and record `throughput/bs<b>/tok_s` (and `.../speedup_vs_ar`): the throughput-vs-batch plot."""
     methods = list(methods)
@@ -108,7 +112,8 @@ def decode_after_training(target, mtp, drafter, tokenizer, domains=("code", "pro
     record = {"protocol": {"workloads": {wl: len(p) for wl, p in workloads.items()}, "prompt_tokens": prompt_tokens,
                            "max_new_tokens": max_new_tokens, "batch_size": batch_size, "seed": seed,
                            "target": target.path, "target_digest": weights_digest(target.path),
-                           "methods": list(decoders), "skipped": [m for m in needs_mtp if m not in decoders]},
+                           "methods": list(decoders), "skipped": [m for m in needs_mtp if m not in decoders],
+                           "held_out": held_out_workloads(workloads, trained_domains)},
               "modes": {}}
     flat: dict = {}
     for name, sampling in samplings.items():
@@ -117,6 +122,11 @@ def decode_after_training(target, mtp, drafter, tokenizer, domains=("code", "pro
         add_comparisons(out, greedy=sampling.greedy)
         record["modes"][name] = {wl: {m: compact(s) for m, s in per.items()} for wl, per in out["workloads"].items()}
         record["modes"][name]["all"] = {m: compact(s) for m, s in out["overall"].items()}
+        held_out = record["protocol"]["held_out"]
+        if held_out and len(held_out) < len(workloads):   # both kinds decoded: each pooled on its own
+            splits = {"in-distribution": [wl for wl in workloads if wl not in held_out], "held out": held_out}
+            for split, wls in splits.items():
+                record["modes"][name][split] = {m: compact(s) for m, s in pooled(out, wls).items()}
         if sampling.greedy and not flat:
             for wl, per in out["workloads"].items():
                 flat.update(flat_decode_metrics(per["drafter"], wl))

@@ -81,8 +81,9 @@ def export_and_report(cfg: DictConfig, trainer, module, target, tokenizer, outpu
 
                 opts = OmegaConf.to_container(cfg.decode_eval, resolve=True)
                 opts.pop("enabled")
+                trained = list(cfg.data.domains) if cfg.data.get("source") == "embedded" else []
                 record.update(decode_after_training(target, module.mtp, module.drafter, tokenizer, seed=cfg.seed,
-                                                    **opts))
+                                                    trained_domains=trained, **opts))
             write_json(output_dir / "metrics.json", record)
             print(f"[dmtp] drafter ({record['method']}) exported to {drafter_dir}")
             if tuned is not None:
