@@ -37,6 +37,18 @@ def test_paired_ratio_and_separation():
     assert separated((3.0, 3.2), (2.0, 2.9)) and not separated((3.0, 3.2), (3.1, 3.5))
 
 
+def test_paired_ratio_over_seeds_counts_the_seed_spread():
+    """Per-seed lists: the change is the ratio of the seed means, and seeds that disagree widen the interval."""
+    b = [[2.0, 3.0, 4.0, 5.0] * 4] * 3
+    agree = [[x * 1.1 for x in b[0]]] * 3
+    disagree = [[x * f for x in b[0]] for f in (0.9, 1.1, 1.3)]
+    change, lo, hi = paired_ratio(agree, b)
+    assert change == pytest.approx(0.1) and hi - lo < 1e-9
+    change, lo, hi = paired_ratio(disagree, b)
+    assert change == pytest.approx(0.1) and lo < 0.0 < 0.2 < hi    # one seed below B, one far above: not apart
+    assert paired_ratio(agree, b[:2]) is None and paired_ratio([b[0][:3]] * 3, b) is None
+
+
 def _job(path, method, seed, tau_drafter, tau_mtp):
     path.mkdir(parents=True)
     stats = lambda taus: {"tau": float(np.mean(taus)), "tau_requests": taus, "t1_accept": 0.7,  # noqa: E731

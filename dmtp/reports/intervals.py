@@ -54,23 +54,38 @@ def bootstrap_interval(values, level: float = LEVEL, resamples: int = RESAMPLES,
     return float(low), float(high)
 
 
-def paired_ratio(a: Sequence[float], b: Sequence[float], level: float = LEVEL, resamples: int = RESAMPLES,
+def paired_ratio(a: Sequence, b: Sequence, level: float = LEVEL, resamples: int = RESAMPLES,
                  seed: int = 0) -> tuple[float, float, float] | None:
     """mean(a) / mean(b) - 1 over the same requests (paired: a request without a value in either list, None, is
     left out of both), with its bootstrap interval: (change, low, high); None when the lists differ in length or
-    share no request."""
-    if len(a) != len(b):
+    share no request.
+
+    a and b: request taus of one seed each, or per-seed lists of them ([[..], [..]], the same seeds in the same
+    order: drafters trained with seed s decoded on the same prompts). With several seeds the bootstrap draws seeds,
+    then each drawn seed's request pairs (the two levels of `bootstrap_interval`), and the change is the ratio of
+    the means over seeds of the request means."""
+    a_groups, b_groups = list(a), list(b)
+    if a_groups and not isinstance(a_groups[0], (list, tuple, np.ndarray)):
+        a_groups, b_groups = [a_groups], [b_groups]
+    if len(a_groups) != len(b_groups) or any(len(x) != len(y) for x, y in zip(a_groups, b_groups)):
         return None
-    pairs = [(x, y) for x, y in zip(a, b) if x is not None and y is not None]
-    a, b = np.asarray([x for x, _ in pairs], dtype=float), np.asarray([y for _, y in pairs], dtype=float)
-    if not len(a) or b.mean() == 0:
+    pairs = []
+    for x, y in zip(a_groups, b_groups):
+        kept = [(u, v) for u, v in zip(x, y) if u is not None and v is not None]
+        if kept:
+            pairs.append(np.asarray(kept, dtype=float))
+    if not pairs or np.mean([p[:, 1].mean() for p in pairs]) == 0:
         return None
     rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(a), (resamples, len(a)))
-    ratios = a[idx].mean(1) / b[idx].mean(1) - 1
+    means = np.stack([p[rng.integers(0, len(p), (resamples, len(p)))].mean(1) for p in pairs])   # [seeds, R, 2]
+    n_seeds = len(pairs)
+    picked = rng.integers(0, n_seeds, (resamples, n_seeds)) if n_seeds > 1 else np.zeros((resamples, 1), dtype=int)
+    drawn = means[picked, np.arange(resamples)[:, None]].mean(1)                                     # [R, 2]
+    ratios = drawn[:, 0] / drawn[:, 1] - 1
     tail = (1 - level) / 2
     low, high = np.quantile(ratios, [tail, 1 - tail])
-    return float(a.mean() / b.mean() - 1), float(low), float(high)
+    point = np.mean([p[:, 0].mean() for p in pairs]) / np.mean([p[:, 1].mean() for p in pairs]) - 1
+    return float(point), float(low), float(high)
 
 
 def separated(x: tuple[float, float] | None, y: tuple[float, float] | None) -> bool:

@@ -1,0 +1,213 @@
+"""docs/results.md §12's tables: the seed's experiment in the seed's regime (drafters trained on code, prose and math;
+held-out prompt sets), from the study directory that /work/study/run_all.sh fills (README of docs/results/seed/):
+
+    <root>/regime/seed<N>/     python -m dmtp.train -m +sweep=regime_study seed=N ...   (§11's rows + DMTP(D2))
+    <root>/ablation/seed<N>/   python -m dmtp.train -m +sweep=seed_ablation seed=N ...  (the seed's other variants)
+    <root>/continued/seed<N>/  python -m dmtp.train -m +sweep=continuation seed=N init_from=<raw DFlash> ...
+    <root>/scratch/seed<N>/    the same M steps from scratch
+
+    python docs/results/seed/scripts/tables.py <root> > docs/results/seed/tables.md
+
+Every tau is per request with its 95% interval over seeds x prompts; every change is paired (the same prompts, the
+drafters of the same seed) with its two-level bootstrap interval (dmtp.reports.intervals.paired_ratio)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from dmtp.reports.intervals import bootstrap_interval, paired_ratio
+from dmtp.reports.sweep import collect, protocol_samples
+
+# The seed's code column (its §1 table and supplementary rows; SPEC §7), and the label of each variant here.
+SEED_CODE = {"raw_dflash": 3.360, "token_only": 3.770, "hidden_residual_t1": 3.864, "six_mask_residual": 3.842,
+             "context_fusion": 3.714, "mtp_context_only": 3.565, "fusion_t1": 3.963, "dual_anchor_fusion": 3.951}
+VARIANTS = ["raw_dflash", "token_only", "hidden_residual_t1", "six_mask_residual", "context_fusion",
+            "mtp_context_only", "fusion_t1", "zero_init_t1", "dual_anchor_fusion", "dual_anchor_zero_init"]
+NAMES = {"ar": "AR", "mtp415": "MTP415", "mtp:7": "mtp:7", "raw_dflash": "raw DFlash", "raw_dflash+dflash2": "DFlash2",
+         "raw_dflash+dspark": "DSpark", "dual_anchor_zero_init": "DMTP", "dual_anchor_zero_init+dflash2": "DMTP(D2)",
+         "dual_anchor_zero_init+dspark": "DMTP + DSpark heads",
+         "dual_anchor_zero_init+dspark+mtp_correction": "greedy stack (DMTP + DSpark + correction)"}
+WORKLOADS = ["code", "prose", "math", "code_tasks", "prose_tasks", "in-distribution", "held out", "all"]
+ABLATION_MODES = ["greedy", "T=1 rejection", "T=1 target_only"]
+
+
+def name(method: str) -> str:
+    if method in NAMES:
+        return NAMES[method]
+    if method.startswith("raw_dflash+dspark ["):
+        return "DSpark, sampled recipe"
+    if method.startswith("multi_mtp"):
+        return "sampled stack (corrected MTP chain, m = 7)"
+    return method
+
+
+def samples(*dirs: Path) -> dict:
+    """{mode: {workload: {method: {seed: stats}}}} over several sweep directories (missing ones skipped)."""
+    rows = [r for d in dirs if d.exists() for r in collect(d)]
+    return protocol_samples(rows)
+
+
+def _seeds(per_seed: dict, key: str = "tau_requests") -> tuple[list, list]:
+    seeds = sorted(per_seed)
+    return seeds, [per_seed[s].get(key) or [] for s in seeds]
+
+
+def tau_cell(per_seed: dict | None) -> str:
+    if not per_seed:
+        return "-"
+    seeds, groups = _seeds(per_seed)
+    tau = float(np.mean([per_seed[s]["tau"] for s in seeds]))
+    ci = bootstrap_interval(groups)
+    return f"{tau:.3f} [{ci[0]:.2f}, {ci[1]:.2f}]" + ("" if len(seeds) == 3 else f" ({len(seeds)} seed{'s' * (len(seeds) > 1)})")
+
+
+def tau_of(per_seed: dict | None) -> float | None:
+    return float(np.mean([s["tau"] for s in per_seed.values()])) if per_seed else None
+
+
+def t1_of(per_seed: dict | None) -> float | None:
+    vals = [s.get("t1_accept") for s in (per_seed or {}).values() if s.get("t1_accept") is not None]
+    return float(np.mean(vals)) if vals else None
+
+
+def change(a: dict | None, b: dict | None) -> tuple[float, float, float] | None:
+    """Paired change of a over b on the seeds both have."""
+    if not a or not b:
+        return None
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        return None
+    return paired_ratio([a[s].get("tau_requests") or [] for s in seeds], [b[s].get("tau_requests") or [] for s in seeds])
+
+
+def change_cell(c) -> str:
+    if c is None:
+        return "-"
+    verdict = "" if c[1] <= 0 <= c[2] else (" **>**" if c[1] > 0 else " **<**")
+    return f"{100 * c[0]:+.1f}% [{100 * c[1]:+.1f}, {100 * c[2]:+.1f}]{verdict}"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def ablation(S: dict) -> str:
+    out = ["## The seed's ablation on the chat-model target\n",
+           "Every variant of the seed's tables, the seed's recipe and one budget (3-layer DFlash backbone, 1200 steps), "
+           "3 seeds. Change: paired, against token-only (the seed's reference row); the seed's column is its code "
+           "ablation (8 prompts, one drafter) as the same ratio.\n"]
+    for mode in [m for m in ABLATION_MODES if m in S]:
+        per = S[mode]
+        ref = per.get("code", {}).get("token_only")
+        out.append(f"\n**{mode}** (tau per request [95% interval over seeds x prompts]; T1 = first-candidate acceptance)\n")
+        rows = []
+        for v in VARIANTS:
+            code = per.get("code", {}).get(v)
+            seed_ratio = f"{100 * (SEED_CODE[v] / SEED_CODE['token_only'] - 1):+.1f}%" if v in SEED_CODE else "-"
+            t1 = t1_of(per.get("all", {}).get(v))
+            rows.append([v, tau_cell(code), change_cell(change(code, ref)) if v != "token_only" else "0 (reference)",
+                         seed_ratio, tau_cell(per.get("in-distribution", {}).get(v)),
+                         tau_cell(per.get("held out", {}).get(v)), "-" if t1 is None else f"{t1:.3f}"])
+        for b in ("mtp415", "mtp:7"):
+            rows.append([name(b), tau_cell(per.get("code", {}).get(b)), change_cell(change(per.get("code", {}).get(b), ref)),
+                         "-", tau_cell(per.get("in-distribution", {}).get(b)), tau_cell(per.get("held out", {}).get(b)),
+                         "-"])
+        out.append(table(["variant", "code", "code vs token-only", "seed: code vs token-only", "in-distribution",
+                          "held out", "T1 (all)"], rows))
+    return "\n".join(out)
+
+
+def continuation(C: dict, F: dict) -> str:
+    out = ["\n\n## The continuation study behind the seed's two updates\n",
+           "From the raw DFlash drafter of the regime study (1200 steps, same seed), each variant continues 400 steps "
+           "(init_from); the same 400 steps from scratch beside. Change: paired, continued over raw DFlash continued "
+           "alone for the same 400 steps.\n"]
+    cells = ["raw_dflash", "fusion_t1", "zero_init_t1", "dual_anchor_fusion", "dual_anchor_zero_init"]
+    labels = {"raw_dflash": "raw DFlash (continued alone)", "fusion_t1": "single anchor, direct fusion",
+              "zero_init_t1": "single anchor, zero-init residual", "dual_anchor_fusion": "dual anchor, direct fusion",
+              "dual_anchor_zero_init": "dual anchor, zero-init residual (main)"}
+    for mode in [m for m in ABLATION_MODES if m in C]:
+        rows = []
+        for wl in ("in-distribution", "held out", "all"):
+            base = C[mode].get(wl, {}).get("raw_dflash")
+            for v in cells:
+                cont, scratch = C[mode].get(wl, {}).get(v), F.get(mode, {}).get(wl, {}).get(v)
+                t1c, t1s = t1_of(cont), t1_of(scratch)
+                rows.append([wl, labels[v], tau_cell(cont), "-" if t1c is None else f"{t1c:.3f}",
+                             change_cell(change(cont, base)) if v != "raw_dflash" else "reference",
+                             tau_cell(scratch), "-" if t1s is None else f"{t1s:.3f}"])
+        out.append(f"\n**{mode}**\n")
+        out.append(table(["workloads", "variant", "continued: tau", "continued: T1", "continued vs raw DFlash continued",
+                          "from scratch: tau", "from scratch: T1"], rows))
+    return "\n".join(out)
+
+
+def pairs(S: dict) -> str:
+    out = ["\n\n## DMTP(D) vs DFlash and DMTP(D2) vs DFlash2 (the seed's §8), MTP415 and mtp:7 in the same table\n",
+           "Paired change per workload; T1 gap in points (DMTP's T1 minus the backbone's).\n"]
+    for mode in [m for m in S if m in ("greedy", "T=1 rejection", "T=1 block", "T=1 target_only")]:
+        per = S[mode]
+        rows = []
+        for wl in WORKLOADS:
+            p = per.get(wl, {})
+            row = [wl]
+            for dmtp, base in (("dual_anchor_zero_init", "raw_dflash"), ("dual_anchor_zero_init+dflash2", "raw_dflash+dflash2")):
+                t1d, t1b = t1_of(p.get(dmtp)), t1_of(p.get(base))
+                row += [tau_cell(p.get(dmtp)), tau_cell(p.get(base)), change_cell(change(p.get(dmtp), p.get(base))),
+                        "-" if t1d is None or t1b is None else f"{100 * (t1d - t1b):+.1f}"]
+            row += [tau_cell(p.get("mtp415")), tau_cell(p.get("mtp:7"))]
+            rows.append(row)
+        out.append(f"\n**{mode}**\n")
+        out.append(table(["workload", "DMTP", "DFlash", "DMTP vs DFlash", "T1 gap", "DMTP(D2)", "DFlash2",
+                          "DMTP(D2) vs DFlash2", "T1 gap", "MTP415", "mtp:7"], rows))
+    return "\n".join(out)
+
+
+def study(S: dict) -> str:
+    out = ["\n\n## §11's rows on the new data (all rows, every mode)\n",
+           "In-distribution (code, prose, math test prompts) and held out (code_tasks, prose_tasks); tau per request "
+           "[95% interval over seeds x prompts]; ratio: tau / MTP415's on the same split.\n"]
+    methods = sorted({m for per in S.values() for m in per.get("all", {})},
+                     key=lambda m: list(NAMES).index(m) if m in NAMES else 99)
+    for split in ("in-distribution", "held out", "all"):
+        rows = []
+        for m in methods:
+            cells = []
+            for mode in S:
+                cur, ref = S[mode].get(split, {}).get(m), S[mode].get(split, {}).get("mtp415")
+                ratio = f" ({tau_of(cur) / tau_of(ref):.2f}x)" if cur and ref else ""
+                cells.append(tau_cell(cur) + ratio)
+            rows.append([name(m)] + cells)
+        out.append(f"\n**{split}**\n")
+        out.append(table(["method"] + list(S), rows))
+    out.append("\n\n**per workload, greedy and T=1 rejection** (tau; T1)\n")
+    for mode in [m for m in ("greedy", "T=1 rejection") if m in S]:
+        rows = []
+        for m in methods:
+            rows.append([name(m)] + [f"{tau_of(S[mode][wl].get(m)):.3f}; {t1_of(S[mode][wl].get(m)) or 0:.2f}"
+                                     if S[mode].get(wl, {}).get(m) else "-" for wl in WORKLOADS[:5]])
+        out.append(f"\n{mode}\n")
+        out.append(table(["method"] + WORKLOADS[:5], rows))
+    return "\n".join(out)
+
+
+def main(root: str) -> None:
+    root = Path(root)
+    seeds = sorted(root.glob("regime/seed*"))
+    regime = samples(*seeds)
+    ablation_s = samples(*seeds, *sorted(root.glob("ablation/seed*")))
+    print("# The seed's experiment in the seed's regime (docs/results.md §12)\n")
+    print(f"Sweeps under `{root.name}/`: regime {len(seeds)} seed(s), ablation "
+          f"{len(list(root.glob('ablation/seed*')))}, continuation {len(list(root.glob('continued/seed*')))}.\n")
+    print(ablation(ablation_s))
+    print(continuation(samples(*sorted(root.glob("continued/seed*"))), samples(*sorted(root.glob("scratch/seed*")))))
+    print(pairs(regime))
+    print(study(regime))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
