@@ -167,6 +167,26 @@ def pairs(S: dict) -> str:
     return "\n".join(out)
 
 
+def conditional(S: dict) -> str:
+    """The seed's per-position table: P(L >= k | L >= k-1), k = 1..7 (k = 1: T1), pooled over seeds."""
+    out = ["\n\n## Per-position conditional acceptance (the seed's §7 table): P(L >= k | L >= k-1), k = 1 is T1\n"]
+    for mode in [m for m in ("greedy", "T=1 target_only", "T=1 rejection") if m in S]:
+        rows = []
+        for wl in WORKLOADS[:5]:
+            for m in ("raw_dflash", "dual_anchor_zero_init", "raw_dflash+dflash2", "dual_anchor_zero_init+dflash2"):
+                per_seed = S[mode].get(wl, {}).get(m)
+                if not per_seed:
+                    continue
+                cum = np.mean([s["p_len_ge"] for s in per_seed.values()], axis=0)
+                cond = [cum[0]] + [cum[k] / cum[k - 1] if cum[k - 1] else float("nan") for k in range(1, len(cum))]
+                verify = np.mean([s.get("tau_verify") or np.nan for s in per_seed.values()])
+                rows.append([wl, name(m), f"{tau_of(per_seed):.3f}", f"{verify:.3f}"]
+                            + [f"{100 * c:.1f}%" for c in cond])
+        out.append(f"\n**{mode}**\n")
+        out.append(table(["workload", "method", "tau per request", "tau per verify"] + [f"k={k}" for k in range(1, 8)], rows))
+    return "\n".join(out)
+
+
 def study(S: dict) -> str:
     out = ["\n\n## §11's rows on the new data (all rows, every mode)\n",
            "In-distribution (code, prose, math test prompts) and held out (code_tasks, prose_tasks); tau per request "
@@ -206,6 +226,7 @@ def main(root: str) -> None:
     print(ablation(ablation_s))
     print(continuation(samples(*sorted(root.glob("continued/seed*"))), samples(*sorted(root.glob("scratch/seed*")))))
     print(pairs(regime))
+    print(conditional(regime))
     print(study(regime))
 
 
