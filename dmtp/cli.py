@@ -74,13 +74,40 @@ def unknown_option_line(err: BaseException, prog: str) -> str | None:
     return f"{key} is not an option (python -m {prog} --cfg job lists them)"
 
 
+_ALREADY_THERE = re.compile(r"Could not append to config\. An item is already at '([^']+)'")
+
+
+def composition_line(err: BaseException) -> str | None:
+    """Hydra's other refusals of a command line, multi-line or a traceback in its own words, as one line.
+
+    A config-group choice that does not exist (`target=nope`), `+key=value` for a key the config has already, and a
+    run directory that is a file; None for any other."""
+    from hydra.errors import ConfigCompositionException, MissingConfigException
+
+    if isinstance(err, MissingConfigException) and err.options:
+        group, _, choice = str(err.missing_cfg_file or "").rpartition("/")
+        return f"{group}={choice} is not a choice of {group}; choose from {', '.join(err.options)}"
+    found = _ALREADY_THERE.match(str(err)) if isinstance(err, ConfigCompositionException) else None
+    if found:
+        key = found.group(1)
+        return f"+{key}=... adds an option, but {key} is one already: set it with {key}=... (no +)"
+    if isinstance(err, (FileExistsError, NotADirectoryError)) and err.filename:   # Hydra making the run directory
+        path = Path(str(err.filename))
+        blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+        if blocking is not None:
+            return (f"cannot make the directory {path}: {blocking} is a file (is hydra.run.dir, or a directory "
+                    "above it, a file?)")
+    return None
+
+
 @contextmanager
 def unknown_options_one_line(prog: str):
-    """An option Hydra cannot set because the config has no such key: `<prog>: error: <line>`, exit status 2."""
+    """An option Hydra cannot set because the config has no such key, a config-group choice that does not exist, or
+    `+` on a key that does (`composition_line`): `<prog>: error: <line>`, exit status 2."""
     try:
         yield
     except Exception as err:
-        line = unknown_option_line(err, prog)
+        line = unknown_option_line(err, prog) or composition_line(err)
         if line is None or os.environ.get("DMTP_TRACEBACK"):
             raise
         print(f"{prog}: error: {line}", file=sys.stderr)
@@ -101,18 +128,23 @@ def hydra_faults_one_line(prog: str):
 
     Its reporter is wrapped for the call, so everything else Hydra reports looks as before. A Hydra without that
     private hook still runs the command: faults in the job stay one line (the command's own handler), Hydra's own
-    writes fall back to its traceback (tests/test_disk_full.py checks the hook is there in the Hydra we install)."""
+    writes fall back to its traceback (tests/test_disk_full.py checks the hook is there in the Hydra we install).
+    Ctrl-C ends the command with one line too, exit status 130 (the shell's 128 + SIGINT)."""
     import hydra._internal.utils as hydra_utils
 
     original = getattr(hydra_utils, "run_and_report", None)
-    if original is None:
-        yield
-        return
-    hydra_utils.run_and_report = lambda func: original(lambda: _faults_as_one_line(prog, func))
+    if original is not None:
+        hydra_utils.run_and_report = lambda func: original(lambda: _faults_as_one_line(prog, func))
     try:
         yield
+    except KeyboardInterrupt:   # Ctrl-C: the user knows why; a run stopped before its first step has undone itself
+        if os.environ.get("DMTP_TRACEBACK"):
+            raise
+        print(f"{prog}: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
     finally:
-        hydra_utils.run_and_report = original
+        if original is not None:
+            hydra_utils.run_and_report = original
 
 
 def drafter_path_shorthand(argv: list[str]) -> list[str]:

@@ -14,10 +14,14 @@ from dmtp.threads import claim_process
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="prepare")
 def _hydra_main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
     from dmtp.quiet import quiet_known_warnings
+    from dmtp.runs.records import dir_removed_if_unused
     from dmtp.threads import apply_threads
 
-    with one_line_errors("dmtp.prepare"), quiet_known_warnings():
+    run_dir = HydraConfig.get().runtime.output_dir
+    with one_line_errors("dmtp.prepare"), quiet_known_warnings(), dir_removed_if_unused(run_dir):
         print(apply_threads(cfg.get("threads")))
         from dmtp.training.prepare import prepare
 

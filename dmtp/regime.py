@@ -16,10 +16,14 @@ from dmtp.threads import claim_process
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="regime")
 def _hydra_main(cfg) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
     from dmtp.quiet import quiet_known_warnings
+    from dmtp.runs.records import hydra_own_files, unused_dir_removed
     from dmtp.threads import apply_threads
 
-    with one_line_errors("dmtp.regime"), quiet_known_warnings():
+    run_dir = HydraConfig.get().runtime.output_dir
+    with one_line_errors("dmtp.regime"), quiet_known_warnings(), unused_dir_removed(run_dir, hydra_own_files()):
         print(apply_threads(cfg.get("threads")))
         from dmtp.inference.regime_run import report_regime
 

@@ -1,10 +1,14 @@
 """Shared fixtures: the `micro` embedded target, built once and cached under $DMTP_HOME."""
 from __future__ import annotations
 
+import json
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from built_targets import built_target
 
@@ -46,3 +50,19 @@ def micro_mtp(micro_target_dir, micro_target):
     from dmtp.families.mtp_loading import load_native_mtp
 
     return load_native_mtp(micro_target_dir, micro_target.embed_tokens, micro_target.lm_head)
+
+
+@pytest.fixture(scope="session")
+def no_mtp_target(micro_target_dir, tmp_path_factory):
+    """The micro target without its MTP tensors (a checkpoint that ships none)."""
+    root = tmp_path_factory.mktemp("no_mtp")
+    for f in Path(micro_target_dir).iterdir():
+        if f.is_file() and f.name != "mtp.safetensors":   # the MTP's own file
+            shutil.copy(f, root / f.name)
+    state = load_file(str(root / "model.safetensors"))
+    save_file({k: v for k, v in state.items() if not k.startswith("mtp.")}, str(root / "model.safetensors"),
+              metadata={"format": "pt"})
+    config = json.loads((root / "config.json").read_text())
+    config.pop("mtp_num_hidden_layers", None)
+    (root / "config.json").write_text(json.dumps(config))
+    return root

@@ -109,6 +109,41 @@ def test_a_cache_that_would_not_hold_what_the_run_reads_is_one_line(options, mat
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("options,match", [
+    (["injection=multi_mtp_zero_init"], "data.feature_last_hidden=true"),
+    (["model.label_source=target_kl"], "data.feature_labels=topk"),
+    (["data.feature_labels=none"], "data.feature_labels=greedy"),
+    (["experiment=sampled"], "data.feature_last_hidden=true .*; data.feature_labels=topk"),
+])
+def test_the_capture_refuses_what_its_run_would_refuse_before_writing_anything(options, match, home, tmp_path,
+                                                                               micro_target_dir):
+    """A capture costs GPU-hours at scale: the options its training run would refuse (the one rule,
+    dmtp.training.components.require_serves) are refused before any row is regenerated or captured (issue 65)."""
+    rows = ["data.regen_sequences=16"] if options == ["experiment=sampled"] else \
+        ROWS + ([] if options[0].startswith("injection=") else DMTP)
+    with pytest.raises(ValueError, match=match) as err:
+        _capture(rows + [f"target.path={micro_target_dir}", "data.features=true", *options], tmp_path / "capture")
+    assert "\n" not in str(err.value) and str(err.value).startswith("the feature cache of this run would not hold")
+    assert not [p for p in (home / "cache").rglob("*") if p.is_file()]   # no regeneration, no feature shard
+
+
+def test_a_recapture_bills_a_damaged_shard_before_capturing_it_again(home, tmp_path, micro_target_dir, capsys):
+    """The bill said "0 B to write" and the capture then rewrote the damaged shard (issue 65): the shards already
+    there are read whole for the bill (and not again by the capture), a damaged one named and counted."""
+    options = ROWS + DMTP + [f"target.path={micro_target_dir}"]
+    first = _capture(options, tmp_path / "first")["capture"][0]
+    shard = first.cache / "shard-00001.safetensors"
+    good = shard.read_bytes()
+    shard.write_bytes(good[:-7] + bytes(b ^ 0xFF for b in good[-7:]))   # the last row's bytes
+    capsys.readouterr()
+    again = _capture(options, tmp_path / "again")["capture"][0]
+    out = capsys.readouterr().out
+    damaged = out.index(f"[dmtp] feature cache: {shard} is damaged (")
+    bill = out.index("[dmtp] feature cache of the training rows: 16 rows, 1024 tokens x 265 B/token")
+    assert damaged < bill and "all shards: 135.7 KB to write" in out[bill:].splitlines()[0]
+    assert again.captured == [1] and shard.read_bytes() == good and out.count("is damaged") == 1
+
+
 def test_two_capture_workers_write_the_bytes_of_one_and_a_damaged_row_is_named(micro_target, micro_mtp, tmp_path,
                                                                                capsys):
     gen = torch.Generator().manual_seed(1)

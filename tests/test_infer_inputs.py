@@ -83,7 +83,7 @@ def test_newest_drafter_for_the_target_is_picked(tmp_path, micro_target, micro_t
     assert find_latest_drafter(base=tmp_path, target=micro_target_dir) == mine
     assert find_latest_drafter(base=tmp_path, target=tmp_path / "third") is None
     message = no_drafter_for(tmp_path / "third", base=tmp_path)
-    assert message.startswith(f"[dmtp] no drafter trained for {tmp_path / 'third'} ") and str(other) in message
+    assert message.startswith(f"no drafter trained for {tmp_path / 'third'} ") and str(other) in message
     assert no_drafter_for(tmp_path / "third", base=tmp_path / "empty") == NO_DRAFTER_MESSAGE
 
 

@@ -5,8 +5,10 @@ resume says where it continues; a bad data file or an option of another config c
 2) before anything heavy."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
+import pytest
 from omegaconf import OmegaConf
 
 from cli_runner import run_command
@@ -128,3 +130,110 @@ def test_a_continued_run_names_its_checkpoint_its_step_and_what_differs_from_its
         f"{head}; the checkpoint records no config to compare it with")
     many = OmegaConf.create({**OmegaConf.to_container(record), "extra": {f"k{i}": i for i in range(10)}})
     assert resume_line(ckpt, 6, record, many, by_resume=True).endswith("extra.k7 (unset) -> 7 and 2 more")
+
+
+def test_a_run_that_would_take_no_step_exports_nothing_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+    """trainer.max_steps=0 exported an untrained drafter (and printed "checkpoints in" a folder that never existed);
+    -1 failed with an OverflowError in the LR schedule, -5 with Lightning's traceback (issue 65)."""
+    runs = tmp_path / "outputs" / "train" / "runs"
+    for steps in (0, -1, -5):
+        code, line, _ = train_cli([*RUN, f"trainer.max_steps={steps}"], runs / "r", monkeypatch, capsys)
+        assert (code, line) == (2, "dmtp.train: error: trainer.max_steps must be an integer >= 1 (the run's length in "
+                                   f"optimizer steps, over which its learning-rate schedule is laid out), got {steps}")
+    # A run whose fit takes no step for another reason: refused after the fit, nothing exported, nothing left.
+    code, line, _ = train_cli([*RUN, "+trainer.limit_train_batches=0"], runs / "r", monkeypatch, capsys)
+    assert (code, line) == (2, "dmtp.train: error: the run took no training step (global step 0; check "
+                               "trainer.limit_train_batches and trainer.max_epochs), so no drafter was exported")
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_an_untrained_drafter_from_before_is_never_decoded(tmp_path, micro_target, micro_target_dir, monkeypatch,
+                                                           capsys):
+    """A step-0 drafter exported before the refusal above (its run's train_metrics.json says global_step 0): passed
+    over as the newest drafter, refused in one line when named, before the target loads."""
+    from cli_runner import infer_cli
+    from dmtp.drafters.block_drafter import fresh_drafter_for
+
+    drafter = tmp_path / "outputs" / "train" / "runs" / "r" / "drafter"
+    fresh_drafter_for(micro_target, "dual_anchor_zero_init", 3).save(drafter, target=str(micro_target_dir))
+    (drafter.parent / "train_metrics.json").write_text('{"global_step": 0}')
+    monkeypatch.chdir(tmp_path)
+    code, line, _ = infer_cli([f"target.path={micro_target_dir}"], tmp_path / "a", monkeypatch, capsys)
+    assert (code, line) == (2, "dmtp.infer: error: no trained drafter found under ./outputs or ./logs; train one "
+                               f"first: python -m dmtp.train target.path={micro_target_dir} (or pass drafter=<dir>)")
+    code, line, _ = infer_cli([f"drafter={drafter}", "target.path=/no/such/target"], tmp_path / "b", monkeypatch,
+                              capsys)
+    assert (code, line) == (2, f"dmtp.infer: error: drafter {drafter} is untrained: the run that exported it took no "
+                               f"training step ({drafter.parent / 'train_metrics.json'}: global_step 0); train it "
+                               "(python -m dmtp.train) or pass another drafter=<dir>")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_run_that_stopped_before_its_first_checkpoint_says_how_to_start_again(tmp_path, monkeypatch, capsys):
+    """resume= said "nothing to resume" and a rerun said "continue it with resume=": a dead end (issue 65)."""
+    import lightning as L
+
+    from dmtp.configs import compose_train
+    from dmtp.training.job import train
+
+    class Dies(L.Callback):   # after the first step, before any checkpoint (every 100 steps)
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if trainer.global_step == 1:
+                raise ValueError("stopped")
+
+    run_dir = tmp_path / "run"
+    args = [*RUN, "callbacks.model_checkpoint.every_n_train_steps=100", "trainer.max_steps=3"]
+    with pytest.raises(ValueError, match="stopped"):
+        train(compose_train(args, output_dir=run_dir), callbacks=[Dies()])
+    assert (run_dir / ".dmtp-run").exists() and not (run_dir / "checkpoints").exists()
+    again = (f"the run there stopped before its first checkpoint; to start it again remove {run_dir} and rerun its "
+             "command, or rerun it with hydra.run.dir=<another dir>")
+    code, line, _ = train_cli([f"resume={run_dir}"], tmp_path / "unused", monkeypatch, capsys)
+    assert (code, line) == (2, f"dmtp.train: error: resume={run_dir}: no checkpoint under {run_dir / 'checkpoints'} "
+                               f"(nothing to resume); {again}")
+    code, line, _ = train_cli(args, run_dir, monkeypatch, capsys)
+    assert (code, line) == (2, f"dmtp.train: error: {run_dir} already holds another training run (its .dmtp-run), "
+                               f"which saved no checkpoint to resume: {again}")
+    assert not (tmp_path / "unused").exists()
+
+
+def test_refused_decoding_runs_and_every_prepare_run_leave_no_directory(tmp_path, micro_target_dir, monkeypatch,
+                                                                        capsys):
+    """dmtp.infer / dmtp.regime refused, and dmtp.prepare whatever its outcome, left outputs/<task>/<ts>/ behind (Hydra's
+    record and an empty log file, or nothing at all): now the directory their command made is removed (issue 65)."""
+    import importlib
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HYDRA_MAIN_MODULE", "__main__")
+
+    def run(module, args):   # as a user runs it: the default run directory, Hydra's record and log file
+        monkeypatch.setattr(sys, "argv", [module, *args])
+        try:
+            importlib.import_module(module).main()
+            return 0
+        except SystemExit as e:
+            return e.code
+        finally:
+            GlobalHydra.instance().clear()
+
+    micro = f"target.path={micro_target_dir}"
+    assert run("dmtp.infer", [micro, "methods=[ar]", "batch_size=0"]) == 2
+    assert run("dmtp.infer", [micro, "drafter=/no/such/drafter"]) == 2
+    assert run("dmtp.regime", [micro, "num_prompts=0"]) == 2
+    assert run("dmtp.prepare", ["step=nothing"]) == 2
+    assert run("dmtp.prepare", [*RUN, "step=regen", "data.regen_sequences=4"]) == 0
+    capsys.readouterr()
+    assert not (tmp_path / "outputs").exists(), sorted(map(str, (tmp_path / "outputs").rglob("*")))
+
+
+def test_a_resume_to_fewer_steps_than_its_checkpoint_is_one_line(tmp_path, monkeypatch, capsys):
+    """It trained nothing and exported the checkpoint again, saying "continuing from ... (step 2)" (issue 65)."""
+    run_dir = tmp_path / "run"
+    code, line, _ = train_cli([*RUN, "trainer.max_steps=2"], run_dir, monkeypatch, capsys)
+    assert code == 0, line
+    code, line, _ = train_cli([f"resume={run_dir}", "trainer.max_steps=1"], tmp_path / "unused", monkeypatch, capsys)
+    assert (code, line) == (2, "dmtp.train: error: trainer.max_steps=1 is below the step the checkpoint was saved at "
+                               "(2): nothing would be trained; give trainer.max_steps > 2 to train on (= 2 exports it "
+                               "again)")

@@ -54,22 +54,6 @@ class Marker:
 
 
 @pytest.fixture(scope="module")
-def no_mtp_target(micro_target_dir, tmp_path_factory):
-    """The micro target without its MTP tensors (a checkpoint that ships none)."""
-    root = tmp_path_factory.mktemp("no_mtp")
-    for f in Path(micro_target_dir).iterdir():
-        if f.is_file() and f.name != "mtp.safetensors":   # the MTP's own file
-            shutil.copy(f, root / f.name)
-    state = load_file(str(root / "model.safetensors"))
-    save_file({k: v for k, v in state.items() if not k.startswith("mtp.")}, str(root / "model.safetensors"),
-              metadata={"format": "pt"})
-    config = json.loads((root / "config.json").read_text())
-    config.pop("mtp_num_hidden_layers", None)
-    (root / "config.json").write_text(json.dumps(config))
-    return root
-
-
-@pytest.fixture(scope="module")
 def short_run(tmp_path_factory):
     """A 2-step run with a checkpoint at every step: its run directory."""
     run_dir = tmp_path_factory.mktemp("short_run")

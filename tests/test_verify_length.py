@@ -429,7 +429,10 @@ def test_cost_measurement_interleaves_lengths_and_restores_after_each_run():
 @pytest.mark.parametrize("args,message", [
     (["verify_length=some", "methods=[ar]"], "verify_length must be full, auto or an integer >= 0"),
     (["verify_length=auto", "methods=[ar]"], "verify_length=auto needs a method with an acceptance signal"),
-    (["verify_length=5", "methods=[ar,mtp415]"], "verify_length=5 exceeds the 4 candidates the proposer drafts"),
+    # one length for every method: the method whose block it exceeds is named (issue 65: "the proposer" before)
+    (["verify_length=5", "methods=[ar,mtp415]"], "verify_length=5 exceeds the 4 candidates mtp415 drafts per round "
+                                                 "(one verify_length holds for every method run); use 0..4, full or "
+                                                 "auto, or leave mtp415 out of methods"),
 ])
 def test_infer_refuses_a_bad_verify_length_in_one_line(args, message, tmp_path, micro_target_dir, monkeypatch,
                                                        capsys):

@@ -203,10 +203,32 @@ class CaptureReport:
     seconds: float
 
 
+def shards_to_capture(out_dir: Path, rows: list[dict], spec: FeatureSpec, indices: list[int],
+                      shard_rows: int) -> dict[int, bool]:
+    """Shards `indices` of the cache at `out_dir` as a capture finds them: {index: True (there and verified whole) |
+    False (missing, or damaged: named in one line)}, for a bill that counts what the capture will write, then hands
+    these checks to `capture` (`checked`), which does not read the shards again."""
+    found = {}
+    for index in indices:
+        path = out_dir / shard_name(index)
+        if not path.is_file():
+            found[index] = False
+            continue
+        try:
+            verify_shard(path, rows[index * shard_rows:(index + 1) * shard_rows], spec)
+            found[index] = True
+        except DamagedFeatures as e:
+            print(f"[dmtp] feature cache: {path} is damaged ({e}); it will be captured again")
+            found[index] = False
+    return found
+
+
 def capture(target, mtp, rows: list[dict], spec: FeatureSpec, share: Share = Share(), *, shard_rows: int = 64,
             batch_size: int = 8, cache_root: str | Path | None = None, progress: bool = True,
-            on_shard=None, what: str = "training rows") -> CaptureReport:
-    """Worker `share` captures its shards of the cache of `rows` (those already there and verified are kept)."""
+            on_shard=None, what: str = "training rows", checked: dict[int, bool] | None = None) -> CaptureReport:
+    """Worker `share` captures its shards of the cache of `rows` (those already there and verified are kept).
+    `checked`: `shards_to_capture`'s findings of a moment ago (a shard is then not read again)."""
+    checked = dict(checked or {})
     if spec.mtp_hidden and mtp is None:
         raise ValueError("the feature cache stores the MTP's hidden (data.feature_mtp_hidden=true), but the target "
                          "has no MTP loaded")
@@ -225,6 +247,9 @@ def capture(target, mtp, rows: list[dict], spec: FeatureSpec, share: Share = Sha
         return rows[index * shard_rows:(index + 1) * shard_rows]
 
     def read(index):
+        known = checked.pop(index, None)   # once: a shard rewritten by another worker since is read again
+        if known is not None:
+            return (out_dir / shard_name(index)).stat().st_size if known else None
         try:
             return verify_shard(out_dir / shard_name(index), chunk(index), spec)
         except DamagedFeatures as e:
@@ -406,5 +431,5 @@ def verify_cache(target, rows: list[dict], spec: FeatureSpec, shard_rows: int, c
     return write_manifest(out_dir, records, tokens=tokens, spec=asdict(spec))
 
 
-__all__ = ["CAPTURE_HINT", "CaptureReport", "FeatureCache", "capture", "features_dir", "rows_digest", "verify_cache",
-           "verify_shard"]
+__all__ = ["CAPTURE_HINT", "CaptureReport", "FeatureCache", "capture", "features_dir", "rows_digest", "shards_to_capture",
+           "verify_cache", "verify_shard"]

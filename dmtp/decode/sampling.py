@@ -99,16 +99,17 @@ class SamplingConfig:
         """The verify length is chosen per batch from measured costs (verify_length=auto)."""
         return self.verify_length == "auto"
 
-    def fixed_length(self, num_candidates: int) -> int | None:
-        """The verify length of every round for a proposer of `num_candidates` (None: chosen per batch);
-        a fixed length above K is refused in one line."""
+    def fixed_length(self, num_candidates: int, method: str = "the proposer") -> int | None:
+        """The verify length of every round for `method`, a proposer of `num_candidates` (None: chosen per batch);
+        a fixed length above K is refused in one line naming the method (one length holds for every method)."""
         if self.verify_length == "auto":
             return None
         if self.verify_length == "full":
             return num_candidates
         if self.verify_length > num_candidates:
-            raise ValueError(f"verify_length={self.verify_length} exceeds the {num_candidates} candidates the "
-                             f"proposer drafts per round; use 0..{num_candidates}, full or auto")
+            raise ValueError(f"verify_length={self.verify_length} exceeds the {num_candidates} candidates {method} "
+                             f"drafts per round (one verify_length holds for every method run); use "
+                             f"0..{num_candidates}, full or auto, or leave {method} out of methods")
         return self.verify_length
 
     def key(self) -> tuple:

@@ -39,7 +39,7 @@ def load_native_mtp(path: str | Path, embed_tokens: nn.Embedding, lm_head: nn.Mo
     if layout == "none":
         declared = num_mtp_layers(cfg)
         raise MTPLoadError(f"checkpoint {root} has no MTP layer: no 'mtp.*' or 'model.layers.{cfg.get('num_hidden_layers')}.*'"
-                           f" tensors (config declares {declared} MTP layer(s)); use a variant that does not need MTP")
+                           f" tensors (config declares {declared} MTP layer(s))")
     if num_mtp_layers(cfg) > 1:
         raise MTPLoadError(f"{root}: {num_mtp_layers(cfg)} MTP layers declared; dmtp drives exactly one")
     family = mtp_family_of(model_type)

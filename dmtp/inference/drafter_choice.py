@@ -2,10 +2,60 @@
 loaded and checked against that target."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-NO_DRAFTER_MESSAGE = ("[dmtp] no trained drafter found under ./outputs or ./logs; train one first: "
-                      "python -m dmtp.train injection=dual_anchor_zero_init  (or pass drafter=<dir>)")
+TRAIN_COMMAND = "python -m dmtp.train"   # the default training run, for the default (assistant) target
+NO_DRAFTER = "no trained drafter found under ./outputs or ./logs; train one first: {command} (or pass drafter=<dir>)"
+NO_DRAFTER_MESSAGE = NO_DRAFTER.format(command=TRAIN_COMMAND)
+
+
+def train_command(target_cfg) -> str:
+    """The training command that makes a drafter for the target being decoded: the default run for the training's
+    own default target (conf/train.yaml's), else that run with the target named."""
+    from omegaconf import OmegaConf
+
+    from dmtp.configs import CONF_DIR
+
+    if target_cfg.get("path"):
+        return f"{TRAIN_COMMAND} target.path={target_cfg.path}"
+    defaults = OmegaConf.load(Path(CONF_DIR) / "train.yaml").defaults
+    default = next((d.target for d in defaults if OmegaConf.is_dict(d) and "target" in d), None)
+    preset = target_cfg.get("preset")
+    return TRAIN_COMMAND if preset == default else f"{TRAIN_COMMAND} target={preset}"
+
+
+def untrained_line(drafter_dir: str | Path) -> str | None:
+    """The refusal of a drafter exported by a run that took no training step, which its run's train_metrics.json,
+    beside it, records as global step 0; None for any other.
+
+    Training refuses to export one (dmtp.training.job.require_trained), but a run of trainer.max_steps=0 exported
+    one once, and such a directory must never be decoded as the newest trained drafter."""
+    metrics = Path(drafter_dir).parent / "train_metrics.json"
+    try:
+        step = json.loads(metrics.read_text()).get("global_step")
+    except (OSError, ValueError, AttributeError):   # no run record beside it (a published drafter): trusted
+        return None
+    if step != 0:
+        return None
+    return (f"drafter {drafter_dir} is untrained: the run that exported it took no training step ({metrics}: "
+            f"global_step 0); train it ({TRAIN_COMMAND}) or pass another drafter=<dir>")
+
+
+def require_drafter_dir(drafter_dir: str | Path) -> None:
+    """A drafter given by path, checked before the target loads: its directory and files are there and it was
+    trained (the drafter itself is read and checked against the target later)."""
+    from dmtp.drafters.checkpoint import CONFIG_NAME, WEIGHTS_NAME
+
+    drafter_dir = Path(drafter_dir)
+    if not drafter_dir.is_dir():
+        raise FileNotFoundError(f"drafter directory not found: {drafter_dir}")
+    for name in (CONFIG_NAME, WEIGHTS_NAME):
+        if not (drafter_dir / name).is_file():
+            raise FileNotFoundError(f"drafter file not found: {drafter_dir / name}")
+    line = untrained_line(drafter_dir)
+    if line:
+        raise ValueError(line)
 
 
 def recorded_target(drafter_dir: str | Path) -> str | None:
@@ -64,7 +114,8 @@ def find_latest_drafter(roots=("outputs", "logs"), base: str | Path | None = Non
     for root in roots:
         r = base / root
         if r.is_dir():
-            found.extend(p for p in r.glob("**/drafter/config.json") if (p.parent / "model.safetensors").exists())
+            found.extend(p for p in r.glob("**/drafter/config.json") if (p.parent / "model.safetensors").exists()
+                         and untrained_line(p.parent) is None)
     if target is not None:
         found = [p for p in found if _trained_for(p.parent, target)]
     if not found:
@@ -80,16 +131,16 @@ def _trained_for(drafter_dir: Path, target: str | Path) -> bool:
     return bool(recorded) and same_target(recorded, target)
 
 
-def no_drafter_for(target: str | Path, base: str | Path | None = None) -> str:
-    """The message when no drafter trained for `target` exists (naming the newest one for another target)."""
+def no_drafter_for(target: str | Path, base: str | Path | None = None, command: str = TRAIN_COMMAND) -> str:
+    """The message when no drafter trained for `target` exists (naming the newest one for another target);
+    `command`: the training command that makes one (`train_command`)."""
     other = find_latest_drafter(base=base)
     if other is None:
-        return NO_DRAFTER_MESSAGE
+        return NO_DRAFTER.format(command=command)
     trained_on = recorded_target(other) or "an unrecorded target"
-    return (f"[dmtp] no drafter trained for {target} under ./outputs or ./logs (the newest, {other}, was trained "
+    return (f"no drafter trained for {target} under ./outputs or ./logs (the newest, {other}, was trained "
             f"for {trained_on}); pass drafter=<dir> to decode another one on the target it was trained for, or "
-            "train one for this target: "
-            "python -m dmtp.train injection=dual_anchor_zero_init")
+            f"train one for this target: {command}")
 
 
 def load_drafter_for(target, path, dtype, device, injection: str | None = None, options: dict | None = None,

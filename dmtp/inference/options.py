@@ -4,20 +4,50 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from dmtp.decode.loop import parse_mtp_steps
 from dmtp.decode.sampling import SamplingConfig, draft_rules
 
 TRUNCATE_MODES = (None, "left")   # eval.truncate
 
 
-def decode_options(cfg) -> SamplingConfig:
-    """Check the decoding options before anything is loaded (one line naming the option); -> sampling."""
-    for key in ("batch_size", "max_new_tokens", "num_prompts"):
-        value = cfg[key]
-        if key == "num_prompts" and value is None:
-            continue   # a named eval set: all of it
+def require_counts(cfg, keys, optional=()) -> None:
+    """Each of `keys` an integer >= 1 (one line naming the first that is not); those of `optional` may be null."""
+    for key in keys:
+        value = OmegaConf.select(cfg, key)
+        if value is None and key in optional:
+            continue
         if type(value) is not int or value < 1:
             raise ValueError(f"{key} must be an integer >= 1, got {value}")
+
+
+def require_workloads(domains) -> None:
+    """eval.domains (the embedded workloads decoded): at least one, else a table of nothing would be written."""
+    if not domains:
+        raise ValueError("eval.domains is empty: name at least one workload, e.g. eval.domains=[code]")
+
+
+def check_speed_profile(profile, key: str = "speed_profile") -> None:
+    """`key`: null, a shipped speed profile's name, a directory of <name>.b<batch>.json files or one such file.
+
+    A name with no file at any batch (a typo) is refused before anything decodes: the table would say so only at
+    its end."""
+    if not profile:
+        return
+    from dmtp.speed.profile import available_batches, shipped_profiles
+
+    if not available_batches(profile):
+        raise FileNotFoundError(f"{key}={profile}: no such speed profile (shipped: {', '.join(shipped_profiles())}; "
+                                "or a directory or file written by python -m dmtp.bench.speed_profile; null: none)")
+
+
+def decode_options(cfg) -> SamplingConfig:
+    """Check the decoding options before anything is loaded (one line naming the option); -> sampling."""
+    require_counts(cfg, ("batch_size", "max_new_tokens", "num_prompts"), optional=("num_prompts",))  # null: a whole set
+    check_speed_profile(cfg.get("speed_profile"))
+    if cfg.eval.name == "embedded":
+        require_workloads(cfg.eval.domains)
     if cfg.eval.get("truncate") not in TRUNCATE_MODES:
         raise ValueError(f"eval.truncate must be null (refuse a prompt the target cannot take) or left, "
                          f"got {cfg.eval.truncate!r}")

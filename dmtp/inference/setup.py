@@ -31,10 +31,23 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 
 
 def placement(device: str | None = "auto", dtype: str | None = "auto") -> tuple[torch.device, torch.dtype]:
-    """-> (device, dtype). auto device: CUDA where there is one, else CPU; auto dtype: bf16 on CUDA, fp32 on CPU."""
+    """-> (device, dtype). auto device: CUDA where there is one, else CPU; auto dtype: bf16 on CUDA, fp32 on CPU.
+
+    A device this machine does not have is one line, before anything loads."""
     if device in (None, "auto"):
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
+    try:
+        device = torch.device(str(device))
+    except RuntimeError:
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:<N>, got {device!r}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:<N>, got {str(device)!r}")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"device={device} but this machine has no CUDA device (use device=auto or device=cpu)")
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"device={device} but this machine has {count} CUDA device(s) (cuda:0..cuda:{count - 1})")
     if dtype in (None, "auto"):
         return device, torch.bfloat16 if device.type == "cuda" else torch.float32
     if dtype not in DTYPES:

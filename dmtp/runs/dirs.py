@@ -8,6 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 CHECKPOINTS = "checkpoints"   # <run>/checkpoints/*.ckpt (conf/callbacks/default.yaml)
+RUN_MARKER = ".dmtp-run"      # written once, atomically, by the run that owns the directory (dmtp.runs.resume)
+
+
+# What to do with a run that stopped before its first checkpoint: neither resume= nor a new run can use its directory.
+START_AGAIN = ("the run there stopped before its first checkpoint; to start it again remove {run_dir} and rerun its "
+               "command, or rerun it with hydra.run.dir=<another dir>")
 
 
 def run_dir_of(ckpt: str | Path) -> Path | None:
@@ -22,7 +28,9 @@ def checkpoints_newest_first(run_dir: Path) -> list[Path]:
     folder = run_dir / CHECKPOINTS
     found = list(folder.glob("*.ckpt")) if folder.is_dir() else []
     if not found:
-        raise FileNotFoundError(f"resume={run_dir}: no checkpoint under {folder} (nothing to resume)")
+        raise FileNotFoundError(f"resume={run_dir}: no checkpoint under {folder} (nothing to resume)"
+                                + (f"; {START_AGAIN.format(run_dir=run_dir)}" if (run_dir / RUN_MARKER).exists()
+                                   else "; is it a training run's directory?"))
     return sorted(found, key=lambda p: (p.stat().st_mtime_ns, p.name == "last.ckpt"), reverse=True)
 
 
@@ -45,6 +53,18 @@ def resumed_run_dir(resume: str | None, ckpt_path: str | None) -> Path | None:
                                     "finds a run's newest checkpoint)")
         return run_dir_of(ckpt)
     return None
+
+
+def continued_run_dir(resume, ckpt_path) -> Path | None:
+    """The existing directory `resume=` or `ckpt_path=` points at, before anything in it is checked (None: a
+    fresh run, or no such directory): the directory a second writer must be kept out of (dmtp.runs.lock)."""
+    if resume:
+        run_dir = Path(resume).expanduser().absolute()
+    elif ckpt_path:
+        run_dir = run_dir_of(ckpt_path)
+    else:
+        return None
+    return run_dir if run_dir is not None and run_dir.is_dir() else None
 
 
 def hydra_run_dir(resume, ckpt_path, default: str) -> str:

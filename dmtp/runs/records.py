@@ -9,13 +9,17 @@ itself (`write_hydra_record`) once it has claimed the directory (dmtp.runs.resum
 
 `NoteNewRunDirs`, a Hydra callback, notes whether the run (or sweep) directory existed before Hydra created it:
 a run that stops before its first step removes a directory its own command made (`created_by_this_command`)
-and leaves one that was there before as it found it (dmtp.runs.first_step).
+and leaves one that was there before as it found it (dmtp.runs.first_step). The other commands use it too: a
+refused `dmtp.infer` / `dmtp.regime` removes the directory it made with what Hydra wrote there
+(`unused_dir_removed`), and `dmtp.prepare`, which writes its caches elsewhere, removes its empty one
+(`dir_removed_if_unused`).
 
 No torch: the command imports this before anything heavy.
 """
 from __future__ import annotations
 
 import secrets
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -70,14 +74,42 @@ def remove_if_made(path: str | Path) -> None:
 
 
 @contextmanager
-def unused_dir_removed(path: str | Path):
+def unused_dir_removed(path: str | Path, hydra_files: tuple[str, ...] = ()):
     """A failure inside (bad input found before the job starts, e.g. `threads=`) removes `path` if this command
-    made it and it is still empty (`remove_if_made`)."""
+    made it and it is still empty (`remove_if_made`). `hydra_files`: what Hydra itself wrote there before the job
+    (`hydra_own_files`: its record and log file, for a command that keeps them), removed first from a directory this
+    command made: a refused command leaves nothing."""
     try:
         yield
     except BaseException:
+        if created_by_this_command(path):
+            for name in hydra_files:
+                own = Path(path) / name
+                if own.is_dir():
+                    shutil.rmtree(own, ignore_errors=True)
+                else:
+                    own.unlink(missing_ok=True)
         remove_if_made(path)
         raise
+
+
+@contextmanager
+def dir_removed_if_unused(path: str | Path):
+    """`path` removed once the command inside ends, however it ends, if this command made it and left it empty (a
+    command that writes elsewhere: dmtp.prepare's caches are under $DMTP_HOME)."""
+    try:
+        yield
+    finally:
+        remove_if_made(path)
+
+
+def hydra_own_files() -> tuple[str, ...]:
+    """What Hydra writes into a job's run directory before the job runs: its record (`.hydra/`, unless the config
+    turns it off) and the job's log file."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra = HydraConfig.get()
+    return tuple(name for name in (hydra.output_subdir, f"{hydra.job.name}.log") if name)
 
 
 def hydra_record(task_cfg) -> dict[str, str]:
@@ -100,5 +132,5 @@ def write_hydra_record(run_dir: str | Path, record: dict[str, str], resumed: boo
     return folder
 
 
-__all__ = ["NoteNewRunDirs", "created_by_this_command", "remove_if_made", "unused_dir_removed", "hydra_record",
-           "write_hydra_record"]
+__all__ = ["NoteNewRunDirs", "created_by_this_command", "dir_removed_if_unused", "hydra_own_files", "hydra_record",
+           "remove_if_made", "unused_dir_removed", "write_hydra_record"]

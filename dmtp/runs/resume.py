@@ -3,7 +3,8 @@
 - Where a run's checkpoints are and which directory a resume continues in: dmtp.runs.dirs.
 - A run directory belongs to one run. `claim_run_dir` marks it atomically when the run starts, so a
   second run pointed at the same directory fails up front instead of replacing the first one's
-  checkpoints and drafter (default directories are unique anyway: see `dmtp.resolvers`).
+  checkpoints and drafter (default directories are unique anyway: see `dmtp.resolvers`). While a run is
+  writing, its directory is also locked (dmtp.runs.lock), so a resume of it is refused as well.
 - `resume=<run dir>` continues that run from its newest checkpoint that loads (a newer one that does not,
   e.g. one damaged outside dmtp, is skipped and named in one line); `ckpt_path=<run>/checkpoints/<file>`
   continues from that file. Either way the run goes on in its own directory (checkpoints, logs and the
@@ -23,9 +24,7 @@ import torch
 
 from dmtp.atomic_io import remove_stale_temporaries
 from dmtp.errors import reason
-from dmtp.runs.dirs import CHECKPOINTS, checkpoints_newest_first, resumed_run_dir
-
-RUN_MARKER = ".dmtp-run"      # written once, atomically, by the run that owns the directory
+from dmtp.runs.dirs import CHECKPOINTS, RUN_MARKER, START_AGAIN, checkpoints_newest_first, resumed_run_dir
 
 
 def newest_loadable_checkpoint(run_dir: str | Path) -> Path:
@@ -73,8 +72,9 @@ def claim_run_dir(run_dir: str | Path, resuming: bool) -> None:
         raise ValueError(taken.format("its checkpoints or drafter"))
     try:
         os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))   # atomic: exactly one run wins
-    except FileExistsError:
-        raise ValueError(taken.format(RUN_MARKER)) from None
+    except FileExistsError:   # a run that saved nothing to resume (a run still writing holds the lock before this)
+        raise ValueError(f"{run_dir} already holds another training run (its {RUN_MARKER}), which saved no "
+                         f"checkpoint to resume: {START_AGAIN.format(run_dir=run_dir)}") from None
 
 
 # The BlockDrafter's children, as a checkpoint names them (dmtp.drafters.block_drafter).

@@ -17,6 +17,7 @@ from dmtp.drafters.fit import require_target_fit
 from dmtp.families.mtp_loading import MTPLoadError, load_native_mtp
 from dmtp.models.target import load_tokenizer
 from dmtp.models.target_head import TargetHead
+from dmtp.training.module_options import JointMTP, Objective, options_of
 from dmtp.tiny.targets import ensure_tiny_target
 
 
@@ -31,12 +32,23 @@ def build_components(cfg: DictConfig):
     drafter = build_drafter(cfg, target, tokenizer)
     mtp = load_mtp(target, drafter) if drafter.needs_mtp else None
     data = instantiate(cfg.data)(tokenizer=tokenizer, target=target)
+    require_rows_hold_a_block(data, drafter)
     module = instantiate(cfg.model)(target=target, mtp=mtp, drafter=drafter)
     if features:
         spec = feature_spec_of(data, drafter, target)
-        require_serves(spec, module)
+        require_serves(spec, drafter, cfg.model)
         data.use_features(spec)
     return target, tokenizer, data, module
+
+
+def require_rows_hold_a_block(data, drafter: BlockDrafter) -> None:
+    """A training row holds at least one whole drafter block: a shorter one cuts every block it draws (data.seq_len=2
+    trained on a token or two per block, silently)."""
+    loader = getattr(data, "loader", None)   # another data module than dmtp's: its own rules
+    seq_len, block = (loader.seq_len if loader else None), drafter.config.block_size
+    if seq_len is not None and seq_len < block:
+        raise ValueError(f"data.seq_len={seq_len} is shorter than one block of the drafter ({block} positions): "
+                         f"use data.seq_len >= {block}")
 
 
 def uses_feature_cache(cfg: DictConfig) -> bool:
@@ -58,20 +70,28 @@ def feature_spec_of(data, drafter: BlockDrafter, target) -> FeatureSpec:
     return data.features.spec(drafter.layer_ids, str(target.dtype).removeprefix("torch."))
 
 
-def require_serves(spec: FeatureSpec, module) -> None:
-    """One line when the cache of `spec` lacks something this run's drafter or loss reads (the option to set)."""
-    inj = module.drafter.injection
+def require_serves(spec: FeatureSpec, drafter: BlockDrafter, model_cfg) -> None:
+    """One line when the cache of `spec` lacks something this run's drafter or loss (`model_cfg`: conf/train.yaml's
+    `model:`) reads, naming the option to set.
+
+    The one rule of both sides: the capture applies it before it writes (dmtp.training.prepare), the training run
+    before it reads."""
+    options = options_of(model_cfg) or {"objective": Objective(), "joint": JointMTP()}   # another module: the defaults
+    objective, joint = options["objective"], options["joint"]
+    inj = drafter.injection
     need = []
-    if module.drafter.needs_mtp and not spec.mtp_hidden:
-        need.append(f"data.feature_mtp_hidden=true (injection={module.drafter.variant} reads the MTP's hidden)")
-    if (inj.uses_mtp and inj.max_mtp_tokens > 1 or module.train_mtp) and not spec.last_hidden:
+    if drafter.needs_mtp and not spec.mtp_hidden:
+        need.append(f"data.feature_mtp_hidden=true (injection={drafter.variant} reads the MTP's hidden)")
+    if (inj.uses_mtp and inj.max_mtp_tokens > 1 or joint.train) and not spec.last_hidden:
         need.append("data.feature_last_hidden=true (the MTP's chain or its training reads the target's last hidden)")
-    if module.label_source == "target" and spec.labels == "none":
+    if objective.label_source == "target" and spec.labels == "none":
         need.append("data.feature_labels=greedy (model.label_source=target reads the target's greedy tokens)")
-    if (module.label_source == "target_kl" or module.loss_mix[1]) and spec.labels != "topk":
-        need.append("data.feature_labels=topk (a KL or TV loss reads the target's distribution)")
+    if (objective.label_source == "target_kl" or objective.loss_mix[1]) and spec.labels != "topk":
+        need.append(f"data.feature_labels=topk (model.loss={objective.loss} with model.label_source="
+                    f"{objective.label_source} reads the target's distribution)")
     if need:
-        raise ValueError("the feature cache of this run would not hold what it trains on: set " + "; ".join(need))
+        raise ValueError("the feature cache of this run would not hold what it trains on: set " + "; ".join(need)
+                         + " (the same options for the capture, python -m dmtp.prepare step=capture, and the run)")
 
 
 def build_drafter(cfg: DictConfig, target, tokenizer) -> BlockDrafter:
@@ -97,7 +117,8 @@ def load_mtp(target, drafter: BlockDrafter):
     try:
         return load_native_mtp(target.path, target.embed_tokens, target.lm_head)
     except MTPLoadError as e:
-        raise MTPLoadError(f"injection={drafter.variant} needs the target's MTP: {e}") from None
+        raise MTPLoadError(f"injection={drafter.variant} needs the target's MTP: {e}; train a variant that does not "
+                           "read it (injection=raw_dflash) or a target with one") from None
 
 
 def trainer_uses_cuda(trainer_cfg) -> bool:

@@ -74,6 +74,9 @@ class RegenOptions:
 
     def __post_init__(self):
         object.__setattr__(self, "engine_args", dict(_plain(self.engine_args) or {}))
+        if self.engine_args and self.engine != "vllm":   # they would be ignored
+            raise ValueError(f"data.vllm_engine_args are vLLM's engine options (data.regen_engine=vllm); "
+                             f"data.regen_engine={self.engine} takes none")
 
     def settings(self, seed: int) -> RegenSettings:
         """How the target writes (dmtp.datagen.regenerate), checked there."""
@@ -96,6 +99,11 @@ class ValidationOptions:
     def __post_init__(self):
         object.__setattr__(self, "domains", tuple(_known_domains(self.domains, "data.val_domains")))
         object.__setattr__(self, "sets", validation_sets(self.sets))
+        for name in ("prompts", "prompt_len", "new_tokens"):   # no validation at all: data.val_domains=[]
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"data.val_{name} must be an integer >= 1, got {value!r} (no validation: "
+                                 "data.val_domains=[] and no data.val_sets)")
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,12 @@ class LoaderOptions:
     seq_len: int = 256
     batch_size: int = 8
     num_workers: int = 0
+
+    def __post_init__(self):
+        for name, least in (("seq_len", 1), ("batch_size", 1), ("num_workers", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"data.{name} must be an integer >= {least}, got {value!r}")
 
 
 # What the cache stores is FeatureSpec's: its fields (but the taps and the dtype, which the drafter and the target

@@ -34,6 +34,9 @@ class Objective:
     label_temperature: float = 1.0   # the distributions KL / TV compare: softmax(logits / T) (the serving temperature)
 
     def __post_init__(self):
+        n = self.num_anchors
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:   # 0 trained one block per row, silently
+            raise ValueError(f"model.num_anchors must be an integer >= 1 (blocks drawn per row), got {n!r}")
         require_loss(self.loss)
         object.__setattr__(self, "label_temperature", require_temperature(self.label_temperature))
         if self.label_source not in LABEL_SOURCES:
@@ -84,4 +87,20 @@ def grouped(flat: dict) -> dict:
     return records_from_flat(flat, FLAT_KEYS, RECORDS, "model")
 
 
-__all__ = ["FLAT_KEYS", "JointMTP", "LABEL_SOURCES", "Objective", "RECORDS", "T1_SOURCES", "WalkOptions", "grouped"]
+# conf/train.yaml's `model:` keys that are the entry point's own arguments (dmtp.training.module.dmtp_module), not options
+MODULE_ARGUMENTS = ("_target_", "_partial_", "optimizer", "scheduler")
+
+
+MODULE = "dmtp.training.module.dmtp_module"   # conf/train.yaml's `model:` entry point (its `_target_`)
+
+
+def options_of(model_cfg) -> dict | None:
+    """conf/train.yaml's whole `model:` node -> its records, as `dmtp_module` builds them (before any module is);
+    None for another module than dmtp's."""
+    if model_cfg.get("_target_") != MODULE:
+        return None
+    return grouped({k: model_cfg[k] for k in model_cfg if k not in MODULE_ARGUMENTS})
+
+
+__all__ = ["FLAT_KEYS", "JointMTP", "LABEL_SOURCES", "MODULE_ARGUMENTS", "Objective", "RECORDS", "T1_SOURCES",
+           "WalkOptions", "grouped", "options_of"]

@@ -4,9 +4,11 @@ step=regen    the target writes its responses (the training rows, when `data.reg
               set's continuation): worker i of W decodes its shards of every regeneration cache
               (dmtp.datagen.regenerate.write_share), resumable on its own.
 step=capture  the offline feature cache of the run's rows (dmtp.datagen.feature_cache): worker i captures its
-              shards. The rows are read from the regeneration cache (shards still missing there are decoded
-              first, under their locks, never twice). The storage bill is printed, and checked against the free
-              disk, before anything is captured.
+              shards. Options the training run would refuse for this cache are refused first (the one rule,
+              dmtp.training.components.require_serves), before anything is written. The rows are read from the
+              regeneration cache (shards still missing there are decoded first, under their locks, never twice).
+              The storage bill (the shards already there read whole, a damaged one counted) is printed, and
+              checked against the free disk, before anything is captured.
 step=merge    every shard of both caches verified and their manifests written; a missing or damaged shard is
               one error naming it and the worker that owns it. Nothing is decoded: the target's decoder is not
               loaded.
@@ -24,10 +26,11 @@ from omegaconf import DictConfig
 
 from dmtp.configs import instantiate
 from dmtp.models.target import load_tokenizer
-from dmtp.datagen.feature_cache import capture, features_dir, verify_cache
-from dmtp.training.components import build_drafter, feature_spec_of, feature_target, load_mtp, target_device, uses_feature_cache
+from dmtp.datagen.feature_cache import capture, features_dir, shards_to_capture, verify_cache
+from dmtp.training.components import (build_drafter, feature_spec_of, feature_target, load_mtp, require_serves,
+                                      target_device, uses_feature_cache)
 from dmtp.datagen.regenerate import regen_manifest, write_share
-from dmtp.datagen.shards import Share, shard_name
+from dmtp.datagen.shards import Share
 
 STEPS = ("regen", "capture", "merge")
 
@@ -60,6 +63,7 @@ def prepare(cfg: DictConfig) -> dict:
     spec = feature_spec_of(data, drafter, target)
     if step == "merge":
         return _merge(data, target, spec, share.workers, features=uses_feature_cache(cfg))
+    require_serves(spec, drafter, cfg.model)   # what the run it feeds would refuse: before anything is written
     mtp = load_mtp(target, drafter) if spec.mtp_hidden else None
     data.setup()
     return {"capture": _capture(data, target, mtp, spec, share)}
@@ -78,13 +82,14 @@ def _regen(data, target, share: Share) -> list:
     return reports
 
 
-def storage_bill(what: str, rows: list[dict], spec, hidden: int, cache: Path, shard_rows: int, share: Share) -> int:
-    """Print what a feature cache costs (whole, and this worker's shards still to write) before it is captured;
-    refuse in one line when the free disk cannot hold this worker's part. -> that part's bytes."""
+def storage_bill(what: str, rows: list[dict], spec, hidden: int, cache: Path, shard_rows: int, share: Share,
+                 checked: dict[int, bool]) -> int:
+    """Print what a feature cache costs (whole, and this worker's shards still to write: `checked`, its shards as
+    `shards_to_capture` found them, missing or damaged ones False) before it is captured; refuse in one line when the
+    free disk cannot hold this worker's part. -> that part's bytes."""
     per_token = spec.token_bytes(hidden)["total"]
     tokens = sum(len(r["input_ids"]) for r in rows)
-    n_shards = (len(rows) + shard_rows - 1) // shard_rows
-    todo = [i for i in share.indices(n_shards) if not (cache / shard_name(i)).is_file()]
+    todo = [i for i, there in checked.items() if not there]
     mine = sum(len(r["input_ids"]) for i in todo for r in rows[i * shard_rows:(i + 1) * shard_rows]) * per_token
     cache.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(cache).free
@@ -101,13 +106,16 @@ def storage_bill(what: str, rows: list[dict], spec, hidden: int, cache: Path, sh
 def _capture(data, target, mtp, spec, share: Share) -> list:
     opts = data.features
     jobs = data.feature_jobs(spec)
-    for what, rows, job_spec in jobs:   # the whole bill first, then the work
-        storage_bill(what, rows, job_spec, target.hidden_size, features_dir(target, rows, job_spec), opts.shard_rows,
-                     share)
+    found = []
+    for what, rows, job_spec in jobs:   # the whole bill first (shards already there read whole), then the work
+        cache = features_dir(target, rows, job_spec)
+        mine = share.indices((len(rows) + opts.shard_rows - 1) // opts.shard_rows)
+        found.append(shards_to_capture(cache, rows, job_spec, mine, opts.shard_rows))
+        storage_bill(what, rows, job_spec, target.hidden_size, cache, opts.shard_rows, share, found[-1])
     reports = []
-    for what, rows, job_spec in jobs:
+    for (what, rows, job_spec), checked in zip(jobs, found):
         report = capture(target, mtp, rows, job_spec, share, shard_rows=opts.shard_rows, batch_size=opts.batch_size,
-                         progress=what == "training rows", what=what)
+                         progress=what == "training rows", what=what, checked=checked)
         rate = f", {report.bytes_written / report.seconds / 1e6:.1f} MB/s" if report.captured and report.seconds else ""
         print(f"[dmtp] features of the {what} ({share}): {len(report.captured)} of its {len(report.shards)} shard(s) "
               f"captured, {_size(report.bytes_written)} in {report.seconds:.1f} s{rate} ({report.cache})")

@@ -35,4 +35,11 @@ def writer(target, method: str, eos_ids: Sequence[int], mtp=None, engine_args: d
     return VLLMWriter(str(target.path), eos_ids, engine_args, dtype=_dtype_name(target.dtype))
 
 
-ENGINE = Engine(name="vllm", title="vLLM", options=options, decoders=decoders, writer=writer, regen_methods=("ar",))
+def require_installed() -> None:
+    from dmtp.serving.vllm.engine import require_vllm
+
+    require_vllm()
+
+
+ENGINE = Engine(name="vllm", title="vLLM", options=options, decoders=decoders, writer=writer, regen_methods=("ar",),
+                require_installed=require_installed)

@@ -15,18 +15,29 @@ Correspondences (vLLM 0.32; see ../shared/reference/vllm-serving.md):
 """
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 
 VLLM_MISSING = ("vLLM is not installed in this environment: `bash tools/env/vllm_env.sh` makes .venv-vllm/ "
                 "(CPU), `pip install -e \".[vllm]\"` on GPUs (see README, Serving with vLLM)")
 
 
+class VLLMMissing(ImportError, ValueError):
+    """vLLM asked for where it is not installed: an ImportError, and bad input to a command (one line, exit 2)."""
+
+
+def require_vllm() -> None:
+    """VLLMMissing where vLLM is not installed, found without importing it (asked before anything loads)."""
+    if importlib.util.find_spec("vllm") is None:
+        raise VLLMMissing(VLLM_MISSING)
+
+
 def import_vllm():
-    """The vllm module, or an ImportError whose message is the one line to act on."""
+    """The vllm module, or VLLMMissing whose message is the one line to act on."""
     try:
         import vllm
     except ImportError as e:
-        raise ImportError(f"{VLLM_MISSING} ({e})") from None
+        raise VLLMMissing(f"{VLLM_MISSING} ({e})") from None
     return vllm
 
 
