@@ -3,6 +3,7 @@ component from its config group (`instantiate`: its own error, one line), and gr
 into the typed records a component takes (`records_from_flat`)."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -14,6 +15,21 @@ CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 # The real configs shrunk to the micro target: seconds per run on 2 CPU cores.
 TINY_OVERRIDES = ["debug=tiny_budget", "logger=none", "callbacks=none", "data.max_examples=40"]
+
+
+_PLAIN_VALUE = re.compile(r"[\w./:@~+-]*")
+
+
+def override(key: str, value) -> str:
+    """`key=value` as a shell reads it into a Hydra override: a value holding what the override grammar parses ('=',
+    ',', spaces, brackets, quotes: a sweep job's directory, `0_injection=raw_dflash,seed=0`) is quoted for Hydra and
+    the whole for the shell, `"key='value'"`, so a printed command runs as pasted."""
+    text = str(value)
+    if _PLAIN_VALUE.fullmatch(text):
+        return f"{key}={text}"
+    if any(c in text for c in "'\"$`\\"):
+        raise ValueError(f"{key}: {text!r} holds a quote, '$' or '\\'; rename it to pass it as an override")
+    return f"\"{key}='{text}'\""
 
 
 def compose_config(config_name: str, overrides=(), output_dir=None):

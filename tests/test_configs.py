@@ -102,3 +102,17 @@ def test_study_rows_name_their_recipe(row):
 @pytest.mark.parametrize("sweep", ["ablation", "drafters", "dspark", "dspark_main", "main"])
 def test_base_model_sweeps_keep_the_greedy_recipe(sweep):
     assert _recipe(compose_train([f"+sweep={sweep}"], tiny=False)) == GREEDY_RECIPE
+
+
+def test_a_printed_override_composes_as_pasted(tmp_path):
+    """A sweep job's directory holds '=' and ','; the override dmtp prints for it must reach Hydra whole."""
+    import shlex
+
+    from dmtp.configs import override
+
+    job = tmp_path / "0_injection=raw_dflash,seed=0" / "drafter"
+    assert override("init_from", "/plain/dir_1.x") == "init_from=/plain/dir_1.x"
+    (arg,) = shlex.split(override("init_from", job))          # what the shell hands Python
+    assert compose_train([arg], tiny=False).init_from == str(job)
+    with pytest.raises(ValueError, match="quote"):
+        override("init_from", "/a/it's")

@@ -33,7 +33,7 @@ def test_default_config_composes():
     assert cfg.target.path is None and cfg.target.preset == "assistant"
     assert list(cfg.methods) == ["ar", "mtp415", "drafter"]
     assert cfg.drafter.path is None and cfg.temperature == 0.0 and cfg.cuda_graphs is True
-    assert cfg.eval.name == "embedded" and list(cfg.eval.domains) == ["code", "prose", "math", "code_tasks"]
+    assert cfg.eval.name == "embedded" and list(cfg.eval.domains) == ["code", "prose", "math", "code_tasks", "prose_tasks"]
     # The evaluation protocol's defaults: enough to rank methods 5-15% apart.
     assert cfg.num_prompts >= 32 and cfg.max_new_tokens >= 128
 
@@ -60,13 +60,13 @@ def test_infer_run_writes_metrics(tmp_path, micro_target_dir, micro_target, caps
         torch.set_num_threads(before)
     metrics = json.loads((out / "metrics.json").read_text())
     assert set(metrics["overall"]) == {"ar", "mtp415", "dual_anchor_zero_init"}
-    assert set(metrics["workloads"]) == {"code", "prose", "math", "code_tasks"}
+    assert set(metrics["workloads"]) == {"code", "prose", "math", "code_tasks", "prose_tasks"}
     for name, s in metrics["overall"].items():
         assert s["matches_ar"] == 1.0  # greedy: every method reproduces the target's own output
         for key in ("tau_per_request", "tau_per_verify", "accept_hist", "t1_accept", "p_len_ge", "p_cond",
                     "tokens_per_s", "ttft_ms", "stage_ms_per_round", "per_request"):
             assert key in s
-        assert len(s["per_request"]) == 8
+        assert len(s["per_request"]) == 10   # 2 prompts x 5 workloads
     assert metrics["overall"]["dual_anchor_zero_init"]["stage_ms_per_round"].keys() >= {"t1_fusion", "drafter",
                                                                                         "verify", "mtp", "round"}
     assert len(metrics["overall"]["mtp415"]["p_len_ge"]) == 4
@@ -78,12 +78,14 @@ def test_infer_run_writes_metrics(tmp_path, micro_target_dir, micro_target, caps
 
 
 def test_no_drafter_message(tmp_path):
+    """Bad input (exit status 2, one line) naming the default training command (issue 65)."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     proc = subprocess.run([sys.executable, "-m", "dmtp.infer"], cwd=tmp_path, capture_output=True, text=True,
                           env=env, timeout=300)
-    assert proc.returncode == 1
-    assert NO_DRAFTER_MESSAGE in proc.stdout
-    assert "python -m dmtp.train injection=dual_anchor_zero_init" in proc.stdout
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == f"dmtp.infer: error: {NO_DRAFTER_MESSAGE}"
+    assert "train one first: python -m dmtp.train (or pass drafter=<dir>)" in NO_DRAFTER_MESSAGE
+    assert not (tmp_path / "outputs").exists()   # a refused run leaves nothing
 
 
 def test_drafter_shorthand():

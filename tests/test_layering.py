@@ -8,7 +8,8 @@ or this test fails):
      training run's lifecycle (dmtp.runs: directories, resume, checkpoint I/O, RNG state, the safety callbacks)
   1  the model, injection, drafter-architecture (the block drafter included) and data libraries
   2  what is built on them: decoding, the target families (each one's MTP block and static-cache runner,
-     built on decoding's runner machinery), the embedded tiny-target builder
+     built on decoding's runner machinery), the embedded tiny-target builder, the speed projection (dmtp.speed:
+     stage-cost profiles and each method's round)
   3  applications of those: reports, serving (every engine behind one interface), offline data generation,
      inference, the benchmarks' shared pieces, training
   4  commands and their command-line plumbing, and tools/
@@ -37,6 +38,7 @@ TIERS = {
     # 2: built on the libraries
     "dmtp.decode": 2.1, "dmtp.families": 2.2, "dmtp.tiny": 2.3,
     # 3: applications
+    "dmtp.speed": 2.4,
     "dmtp.reports": 3, "dmtp.serving": 3.1, "dmtp.datagen": 3.15, "dmtp.inference": 3.2, "dmtp.bench": 3.25,
     "dmtp.training": 3.3,
     # 4: commands (imported by nothing: see COMMANDS) and their plumbing; tools/

@@ -318,7 +318,7 @@ class SpecDecoder:
         if sampling.chooses_length and not self.proposer.signals_acceptance:
             raise ValueError(f"verify_length=auto needs an acceptance signal (a drafter with a confidence head, "
                              f"drafter=dspark, or an MTP-led method); {self.proposer.name} has none")
-        return sampling.fixed_length(self.num_candidates)
+        return sampling.fixed_length(self.num_candidates, self.proposer.name)
 
     def stages(self, st: DecodeState, length: int | None = None) -> list[Stage]:
         """The round's stages in order, each with the state it writes.
@@ -712,16 +712,20 @@ def parse_mtp_steps(method: str, mtp_steps: int = 4) -> int:
 
 
 def build_proposer(method: str, target, mtp=None, drafter=None, mtp_steps: int = 4,
-                   name: str | None = None) -> Proposer:
+                   name: str | None = None, draft_vocab=None) -> Proposer:
     """method: ar | mtp415 | mtp | mtp:<k> | drafter (raw DFlash or any DMTP variant: a `BlockDrafter`,
-    which carries its injection)."""
+    which carries its injection). `draft_vocab` (dmtp.models.draft_vocab.DraftVocab): the MTP's steps and the
+    drafter's slots propose from that reduced vocabulary (None: the whole LM head); lossless in every mode.
+
+    What each method's round runs is also what `dmtp.speed.recipe.round_recipe` prices: the same
+    predicates (the injection's `mtp_fills_block`, `mtp_steps`, `uses_mtp`) decide both."""
     if method == "ar":
         return ARProposer()
     if method.startswith("mtp"):
         if mtp is None:
             raise ValueError(f"method {method!r} needs the target's native MTP")
         steps = parse_mtp_steps(method, mtp_steps)
-        return MTPChainProposer(mtp, steps, name=name or method)
+        return MTPChainProposer(mtp, steps, name=name or method, draft_vocab=draft_vocab)
     if method == "drafter":
         if drafter is None:
             raise ValueError("method 'drafter' needs a drafter")
@@ -729,9 +733,9 @@ def build_proposer(method: str, target, mtp=None, drafter=None, mtp_steps: int =
             # Every candidate is the MTP's (e.g. the sampled production method, m = K): the same candidates as the
             # drafter's round without its forward, from the MTP the drafter proposes with (its correction).
             return MTPChainProposer(drafter.proposing_mtp(mtp), drafter.num_candidates, name=name or "drafter",
-                                    sampled_mtp=drafter.proposing_mtp(mtp, greedy=False))
+                                    sampled_mtp=drafter.proposing_mtp(mtp, greedy=False), draft_vocab=draft_vocab)
         return DrafterProposer(drafter, target.embed_tokens.weight, target.lm_head.weight, mtp=mtp,
-                               name=name or "drafter")
+                               name=name or "drafter", draft_vocab=draft_vocab)
     raise ValueError(f"unknown method {method!r}: ar | mtp415 | mtp | mtp:<k> | drafter")
 
 

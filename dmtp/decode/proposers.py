@@ -39,6 +39,7 @@ from dmtp.decode.verify import probs_from_logits, sample_from_probs
 from dmtp.drafters.block_drafter import BlockDrafter, MTPBlockInputs
 from dmtp.drafters.dflash import CachedContext
 from dmtp.drafters.window_cache import WindowCache, ring_size
+from dmtp.models.draft_vocab import DraftVocab, restricted_mtp
 from dmtp.models.mtp import NativeMTP
 from dmtp.models.mtp_chain import chain_mtp
 from dmtp.models.qwen3 import KVCache
@@ -139,11 +140,14 @@ class MTPState:
 
 
 class DrafterState:
-    """A block drafter (backbone + injection) with its context-only K/V cache."""
+    """A block drafter (backbone + injection) with its context-only K/V cache; `vocab`: the draft vocabulary its
+    slots propose from (None: the whole head)."""
 
-    def __init__(self, drafter: BlockDrafter, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor):
+    def __init__(self, drafter: BlockDrafter, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor,
+                 vocab: DraftVocab | None = None):
         self.drafter, self.injection = drafter, drafter.injection
         self.embed_weight, self.lm_head_weight = embed_weight, lm_head_weight
+        self.vocab = vocab
 
     @property
     def context_caches(self) -> tuple:
@@ -190,7 +194,8 @@ class DrafterState:
         max_len = next((c.max_len for c in self.caches if not isinstance(c, WindowCache)), self.caches[0].max_len)
         ctx = CachedContext(self.caches, max_len if span is None else min(span, max_len), self.ring)
         block = self.drafter.draft_block(self.embed_weight, anchor[:, None], anchor_pos[:, None], ctx, None, mtp,
-                                         lm_head_weight=self.lm_head_weight, sampler=sampler, slots=self.slots)
+                                         lm_head_weight=self.lm_head_weight, sampler=sampler, slots=self.slots,
+                                         vocab=self.vocab)
         return (block.candidates[:, 0], None if block.q is None else block.q[:, 0],
                 None if block.confidence is None else block.confidence[:, 0])
 
@@ -253,11 +258,15 @@ class ARProposer(Proposer):
 
 class MTPChainProposer(Proposer):
     """The native MTP proposes k tokens by chaining itself: step 1 reads its cached hidden (built from
-    the target's states), later steps read its own post-norm hidden g of the previous step."""
+    the target's states), later steps read its own post-norm hidden g of the previous step. `draft_vocab`: its
+    steps' LM head over that vocabulary only (dmtp.models.draft_vocab)."""
 
-    def __init__(self, mtp: NativeMTP, steps: int = 4, name: str | None = None, sampled_mtp=None):
+    def __init__(self, mtp: NativeMTP, steps: int = 4, name: str | None = None, sampled_mtp=None,
+                 draft_vocab: DraftVocab | None = None):
         if steps < 1:
             raise ValueError("MTP chain needs at least one step")
+        mtp, sampled_mtp = restricted_mtp(mtp, draft_vocab), restricted_mtp(sampled_mtp, draft_vocab)
+        self.draft_vocab = draft_vocab
         self.mtp_state = MTPState(mtp)
         if sampled_mtp is not None:   # another MTP when sampling (`Proposer.mtp_by_mode`)
             self.mtp_by_mode = (mtp, sampled_mtp)
@@ -283,19 +292,22 @@ class MTPChainProposer(Proposer):
 class DrafterProposer(Proposer):
     """A DFlash drafter (raw or DMTP): K = block_size - 1 candidates, the MTP's T1..Tm first when the
     injection uses it (m = 1 but for the multi-step variant, whose S-step MTP chain runs every round, m
-    chosen per request from it)."""
+    chosen per request from it). `draft_vocab`: the MTP's steps and the drafter's slots propose from that
+    vocabulary only (dmtp.models.draft_vocab)."""
 
     def __init__(self, drafter: BlockDrafter, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor,
-                 mtp: NativeMTP | None = None, name: str = "drafter"):
+                 mtp: NativeMTP | None = None, name: str = "drafter", draft_vocab: DraftVocab | None = None):
         self.name = name
+        self.draft_vocab = draft_vocab
         injection = self.injection = drafter.injection
-        self.dstate = DrafterState(drafter, embed_weight, lm_head_weight)
+        self.dstate = DrafterState(drafter, embed_weight, lm_head_weight, draft_vocab)
         if injection.needs_mtp:
             if mtp is None:
                 raise ValueError(f"the {drafter.variant} drafter needs the target's native MTP (none given)")
             # T1 (and the chain) from the MTP as this drafter proposes with it (its MTP correction, if any).
-            self.mtp_state = MTPState(drafter.proposing_mtp(mtp), keep_features=injection.needs_mtp_context)
-            self.mtp_by_mode = (drafter.proposing_mtp(mtp), drafter.proposing_mtp(mtp, greedy=False))
+            proposing = [restricted_mtp(drafter.proposing_mtp(mtp, greedy=g), draft_vocab) for g in (True, False)]
+            self.mtp_state = MTPState(proposing[0], keep_features=injection.needs_mtp_context)
+            self.mtp_by_mode = tuple(proposing)
         self.num_candidates = injection.num_candidates
         self.layer_ids = drafter.layer_ids
         self.predicts_confidence = drafter.has_confidence

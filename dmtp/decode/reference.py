@@ -73,11 +73,12 @@ def propose_mtp_chain(mtp, steps: int) -> Propose:
     return propose
 
 
-def propose_drafter(drafter, mtp=None, confidence_threshold: float = 0.0) -> Propose:
+def propose_drafter(drafter, mtp=None, confidence_threshold: float = 0.0, vocab=None) -> Propose:
     """Raw DFlash or any DMTP variant (a `BlockDrafter`): the MTP's T1..Tm (m from its injection), then
     one drafter forward over the block, its context the target's tapped layers at every position before A.
     `confidence_threshold` > 0 (a drafter with a confidence head): propose only the leading candidates
-    whose predicted survival (the product of their confidences) reaches it: a shorter block."""
+    whose predicted survival (the product of their confidences) reaches it: a shorter block. `vocab`: the
+    drafter's slots propose from that draft vocabulary (dmtp.models.draft_vocab; the MTP's own is `mtp`'s)."""
     injection = drafter.injection
 
     def propose(target, ids):
@@ -92,7 +93,7 @@ def propose_drafter(drafter, mtp=None, confidence_threshold: float = 0.0) -> Pro
         ctx_positions = torch.arange(a + 1)[None]                  # the target features up to A; the block sees < A
         ctx_kv = drafter.context_kv(drafter.context(out.layer_hidden, g), ctx_positions)
         block = drafter.draft_block(target.embed_tokens.weight, ids[:, a:], torch.tensor([[a]]), ctx_kv,
-                                    ctx_positions, proposal, lm_head_weight=target.lm_head.weight)
+                                    ctx_positions, proposal, lm_head_weight=target.lm_head.weight, vocab=vocab)
         candidates = block.candidates[0, 0].tolist()
         if confidence_threshold > 0:
             survival = block.confidence[0, 0].cumprod(0).tolist()
@@ -105,7 +106,7 @@ def reference_proposal(proposer: Proposer, confidence_threshold: float = 0.0) ->
     """The reference proposal of one of the fast loop's proposers (the same models, no caches)."""
     if isinstance(proposer, DrafterProposer):
         mtp = proposer.mtp_state.mtp if proposer.mtp_state is not None else None
-        return propose_drafter(proposer.dstate.drafter, mtp, confidence_threshold)
+        return propose_drafter(proposer.dstate.drafter, mtp, confidence_threshold, proposer.dstate.vocab)
     if isinstance(proposer, MTPChainProposer):
         return propose_mtp_chain(proposer.mtp_state.mtp, proposer.num_candidates)
     if isinstance(proposer, ARProposer):

@@ -171,7 +171,7 @@ class BlockDrafter(nn.Module):
     def draft_block(self, embed_weight: torch.Tensor, anchor_tokens: torch.Tensor, anchor_positions: torch.Tensor,
                     ctx_kv, ctx_positions: torch.Tensor | None, mtp: MTPBlockInputs | None = None, *,
                     keep: torch.Tensor | None = None, lm_head_weight: torch.Tensor | None = None, sampler=None,
-                    slots: torch.Tensor | None = None, mtp_grad: bool = False) -> DraftedBlock:
+                    slots: torch.Tensor | None = None, mtp_grad: bool = False, vocab=None) -> DraftedBlock:
         """Draft blocks [B, N] anchored at A = anchor_tokens at anchor_positions, in one forward: the
         slots (`block_slots`, or `slots` built earlier), each block seeing the context K/V `ctx_kv` at
         `ctx_positions` [B, C] strictly before its A (none where `keep` is False) and its own slots only;
@@ -182,7 +182,8 @@ class BlockDrafter(nn.Module):
         The reference round, the decoding loop, the training loss and the validation walk all draft through here.
         Decoding passes a `CachedContext` as `ctx_kv` (ctx_positions None: the cache's slot is the position) and one
         block per request: the block's K/V are written into the caches (scratch rows from A on, which the next
-        context append overwrites)."""
+        context append overwrites). `vocab`: a draft vocabulary (dmtp.models.draft_vocab): the drafter's slots
+        propose from its tokens only."""
         inj = self.injection
         b, n = anchor_positions.shape
         if isinstance(ctx_kv, CachedContext) and n != 1:
@@ -200,7 +201,7 @@ class BlockDrafter(nn.Module):
         out = DraftedBlock(hidden, inj.previous_token(anchor_tokens, tokens))
         if lm_head_weight is not None:
             drafted, q = self.propose(hidden, lm_head_weight, out.previous, sampler=sampler,
-                                      forced=self._mtp_drafted_slots(mtp))
+                                      forced=self._mtp_drafted_slots(mtp), vocab=vocab)
             num = None if mtp is None else mtp.num
             out.candidates = inj.merge_candidates(tokens, drafted, num)
             if q is not None:

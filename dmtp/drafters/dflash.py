@@ -445,15 +445,16 @@ class DFlashDrafter(nn.Module):
             x = layer(x, cos, sin, layer_ctx[i], masks[key], groups=groups, **extra)
         return self.norm(x)
 
-    def logits(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
-        """Target LM head, then `output_multiplier` and c*tanh(x/c) soft-capping when c > 0."""
-        out = F.linear(hidden, lm_head_weight)
+    def logits(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor, vocab=None) -> torch.Tensor:
+        """Target LM head, then `output_multiplier` and c*tanh(x/c) soft-capping when c > 0. `vocab`
+        (dmtp.models.draft_vocab.DraftVocab, decoding only): the head over its V tokens, -inf elsewhere."""
+        out = F.linear(hidden, lm_head_weight) if vocab is None else vocab.linear(hidden, lm_head_weight)
         if self.config.output_multiplier != 1.0:
             out = out * self.config.output_multiplier
         c = self.config.final_logit_softcapping
         if c > 0:
             out = c * torch.tanh(out / c)
-        return out
+        return out if vocab is None else vocab.expand(out)
 
     # -- generic hooks: the LightningModule and the decoding loop call these for every drafter ----------
     auxiliary_loss_name: str | None = None  # what `auxiliary_loss` is logged as (None: it is always 0)
@@ -484,7 +485,8 @@ class DFlashDrafter(nn.Module):
         return None
 
     def propose(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor, first_prev: torch.Tensor,
-                temperature: float = 0.0, generator: torch.Generator | None = None, sampler=None, forced=None):
+                temperature: float = 0.0, generator: torch.Generator | None = None, sampler=None, forced=None,
+                vocab=None):
         """Candidates for the predicted slots: hidden [..., n, H], first_prev [...] (the token just before
         the first predicted slot) -> (tokens [..., n], q [..., n, V] or None). `forced`: None or (tokens,
         use) [..., n], slots whose candidate is fixed already (the MTP's): a proposal sequential in the
@@ -492,9 +494,10 @@ class DFlashDrafter(nn.Module):
 
         `sampler(scores [..., C]) -> (index [...], probs [..., C] or None)` picks among C scored options
         (the decoding loop passes its graph-safe sampler with the run's temperature/top-k/top-p);
-        without one: argmax at temperature 0, else a softmax(scores / T) sample."""
+        without one: argmax at temperature 0, else a softmax(scores / T) sample. `vocab`: a draft vocabulary
+        (dmtp.models.draft_vocab): the proposals come from its tokens only."""
         sampler = sampler or default_sampler(temperature, generator)
-        return sampler(self.logits(hidden, lm_head_weight))
+        return sampler(self.logits(hidden, lm_head_weight, vocab))
 
 
 def default_sampler(temperature: float = 0.0, generator: torch.Generator | None = None):

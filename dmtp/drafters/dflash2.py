@@ -291,11 +291,11 @@ class DFlash2Drafter(DFlashDrafter):
         return alpha * (ce * w * live).sum() / w.sum().clamp(min=1e-6)
 
     def propose(self, hidden, lm_head_weight, first_prev, temperature=0.0, generator=None, sampler=None,
-                forced=None):
+                forced=None, vocab=None):
         """The selector's path over the top-K candidates (`walk_candidates`). hidden [..., n, H],
         first_prev [...] -> (tokens [..., n], q [..., n, V] fp32 or None when greedy). `sampler` as in
         DFlashDrafter.propose, applied to the K selector scores of each position in turn."""
-        u, cand = self.candidates(self.logits(hidden, lm_head_weight))
+        u, cand = self.candidates(self.logits(hidden, lm_head_weight, vocab))
         sel = self.candidate_selector
         query = sel.query(hidden)
 

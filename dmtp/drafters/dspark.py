@@ -210,13 +210,14 @@ class DSparkDrafter(DFlashDrafter):
 
     # -- decoding: sequential in the previous token --------------------------------------------------------
     def propose(self, hidden, lm_head_weight, first_prev, temperature=0.0, generator=None, sampler=None,
-                forced=None):
+                forced=None, vocab=None):
         """Slot by slot: scores = backbone logits + Markov bias of the token just proposed; `sampler`
         picks (see DFlashDrafter.propose). hidden [..., n, H], first_prev [...] -> (tokens [..., n],
         q [..., n, V] or None): q[i] is the distribution candidate i was drawn from given candidates < i.
         `forced` slots (the MTP's tokens of the multi-step variant) enter the chain as they are."""
         sampler = sampler or default_sampler(temperature, generator)
-        return markov_walk(self.markov_head, self.logits(hidden, lm_head_weight), hidden, first_prev, sampler, forced)
+        return markov_walk(self.markov_head, self.logits(hidden, lm_head_weight, vocab), hidden, first_prev, sampler,
+                           forced)
 
 
 def markov_walk(markov_head: MarkovHead, base: torch.Tensor, hidden: torch.Tensor, first_prev: torch.Tensor,

@@ -20,10 +20,12 @@ def spec_decoder(target, proposer, eos_token_id=None, *, runner: str = "auto", a
 
 
 def build_decoder(target, method: str, eos_token_id, *, mtp=None, drafter=None, mtp_steps: int = 4,
-                  name: str | None = None, **engine) -> SpecDecoder:
+                  name: str | None = None, draft_vocab=None, **engine) -> SpecDecoder:
     """`method` of the one loop on `target` (a TargetModel): ar | mtp415 | mtp | mtp:<k> | drafter (a
-    BlockDrafter). `engine`: the loop's options (runner, attention, cuda_graphs, compile, warmup_rounds)."""
-    proposer = build_proposer(method, target, mtp=mtp, drafter=drafter, mtp_steps=mtp_steps, name=name)
+    BlockDrafter). `draft_vocab`: the drafting heads' reduced vocabulary (dmtp.models.draft_vocab; None: the
+    whole head). `engine`: the loop's options (runner, attention, cuda_graphs, compile, warmup_rounds)."""
+    proposer = build_proposer(method, target, mtp=mtp, drafter=drafter, mtp_steps=mtp_steps, name=name,
+                              draft_vocab=draft_vocab)
     return spec_decoder(target, proposer, eos_token_id=eos_token_id, **engine)
 
 

@@ -3,7 +3,6 @@
 metrics.json."""
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -15,7 +14,8 @@ from dmtp.atomic_io import write_json, write_text
 from dmtp.data.corpora import corpus_of_target
 from dmtp.data.evalsets import build_turn_prompts
 from dmtp.inference.drafter_choice import (drafter_target_mismatch, find_latest_drafter, greedy_correction_note,
-                                     method_needs_mtp, no_drafter_for, target_over_preset)
+                                     method_needs_mtp, no_drafter_for, require_drafter_dir, target_over_preset,
+                                     train_command)
 from dmtp.inference.options import decode_options, named_methods
 from dmtp.inference.prompt_choice import embedded_prompts, eval_set_prompts, fit_prompts, prompt_limit
 from dmtp.serving.base import DecoderRequest
@@ -27,6 +27,8 @@ from dmtp.models.model_card import CARD_NAME, set_card_section
 from dmtp.models.provenance import weights_digest
 from dmtp.models.mtp_errors import MTPLoadError
 from dmtp.reports.decode_report import jsonable, report
+from dmtp.speed.projection import PROJECTED_BATCHES
+from dmtp.speed.recipe import round_recipe
 from dmtp.tiny.targets import default_target_dir
 
 @dataclass
@@ -39,6 +41,7 @@ class Loaded:
     mtp: object
     methods: list[str]
     target_from: str = "target.preset"   # what chose the target: target.path | drafter (its record) | target.preset
+    draft_vocab: object = None           # the drafting heads' reduced vocabulary (dmtp.models.draft_vocab), or None
 
 
 def compare_methods(cfg, named: set[str] | None = None) -> dict:
@@ -46,7 +49,7 @@ def compare_methods(cfg, named: set[str] | None = None) -> dict:
     methods asked for by name (default: `named_methods(cfg)`)."""
     sampling = decode_options(cfg)
     named = named_methods(cfg) if named is None else named
-    engine_named(cfg.get("engine", "dmtp"))   # a wrong name answers before anything loads
+    chosen_engine(cfg)   # before anything loads
     loaded = load(cfg, named)
     decoders = build_decoders(cfg, loaded, named)
     try:
@@ -54,6 +57,7 @@ def compare_methods(cfg, named: set[str] | None = None) -> dict:
         metrics = decode_turns(cfg, decoders, sampling, requests, workloads, fit, loaded.target.tokenizer)
         add_comparisons(metrics, greedy=sampling.greedy)
         metrics["run"] = run_record(cfg, loaded, decoders, workloads)
+        metrics["run"]["speed"] = speed_record(cfg, loaded, decoders, sampling)
     finally:
         for d in decoders.values():   # an engine with processes of its own (vLLM): stop them now
             d.close()
@@ -62,16 +66,26 @@ def compare_methods(cfg, named: set[str] | None = None) -> dict:
     return metrics
 
 
+def chosen_engine(cfg):
+    """The engine `engine=` names, checked before anything loads: a wrong name, its package not installed, or vLLM's
+    own options given to another engine (where they would be ignored) are one line each."""
+    engine = engine_named(cfg.get("engine", "dmtp"))
+    if engine.require_installed is not None:
+        engine.require_installed()
+    if cfg.get("vllm_engine_args") and engine.name != "vllm":
+        raise ValueError(f"vllm_engine_args are vLLM's engine options (engine=vllm); engine={engine.name} takes none")
+    return engine
+
+
 def newest_drafter_for(target_cfg) -> Path:
     """The newest drafter under ./outputs or ./logs trained for the target being decoded (target.path,
     else the embedded preset's cache directory, which need not be built yet); one line names it.
 
-    None found: the message saying how to get one, and exit status 1."""
+    None found: the line saying how to get one (a FileNotFoundError: bad input, exit status 2)."""
     target = target_cfg.path or default_target_dir(target_cfg.preset)
     found = find_latest_drafter(target=target)
     if found is None:
-        print(no_drafter_for(target))
-        sys.exit(1)
+        raise FileNotFoundError(no_drafter_for(target, command=train_command(target_cfg)))
     print(f"[dmtp] drafter: {found} (the newest trained for {target}; pass drafter=<dir> to choose another)")
     return found
 
@@ -84,6 +98,7 @@ def load(cfg, named: set[str]) -> Loaded:
     drafter_dir = None
     if "drafter" in methods:
         drafter_dir = Path(cfg.drafter.path) if cfg.drafter.path else newest_drafter_for(cfg.target)
+        require_drafter_dir(drafter_dir)   # before the target loads
     trained_on = target_over_preset(cfg.target, drafter_dir) if cfg.drafter.path else None
     target = load_target(cfg.target, device, dtype, path=trained_on)
     drafter = None
@@ -97,7 +112,28 @@ def load(cfg, named: set[str]) -> Loaded:
     if note:
         print(note)
     chosen_by = "target.path" if cfg.target.path else "drafter" if trained_on else "target.preset"
-    return Loaded(target, device, dtype, drafter, mtp, methods, chosen_by)
+    return Loaded(target, device, dtype, drafter, mtp, methods, chosen_by, chosen_draft_vocab(cfg, drafter_dir))
+
+
+def chosen_draft_vocab(cfg, drafter_dir):
+    """`draft_vocab=<V>`: the V most frequent tokens of the drafter data's counts (`draft_vocab_from`, else the decoded
+    drafter's token_counts.safetensors), said in one line; None without the option."""
+    from dmtp.models.draft_vocab import draft_vocab_for, load_token_counts
+
+    size = cfg.get("draft_vocab")
+    if size is None:
+        return None
+    if type(size) is not int or size < 1:
+        raise ValueError(f"draft_vocab must be an integer >= 1 (tokens; null: the whole head), got {size!r}")
+    if cfg.get("engine", "dmtp") != "dmtp":
+        raise ValueError(f"draft_vocab={size} is dmtp's own loop's (engine=dmtp); engine={cfg.engine} drafts with "
+                         f"its own heads")
+    source = cfg.get("draft_vocab_from") or drafter_dir
+    vocab = draft_vocab_for(int(size), source)
+    print(f"[dmtp] draft vocabulary: the {vocab.size} most frequent tokens of {source}'s data "
+          f"({vocab.coverage(load_token_counts(source)):.1%} of its supervised tokens; the MTP's steps and the "
+          f"drafter's slots propose from them)")
+    return vocab
 
 
 def with_mtp(target: LoadedTarget, drafter: LoadedDrafter | None, methods: list[str], named: set[str]):
@@ -125,7 +161,7 @@ def build_decoders(cfg, loaded: Loaded, named: set[str]) -> dict:
     """label -> decoder of every method, from the engine `engine=` names (dmtp.serving.catalogue)."""
     engine = engine_named(cfg.get("engine", "dmtp"))
     return engine.decoders(DecoderRequest(loaded.methods, named, loaded.target, loaded.drafter, loaded.mtp,
-                                          loaded.dtype, engine.options(cfg)))
+                                          loaded.dtype, engine.options(cfg), draft_vocab=loaded.draft_vocab))
 
 
 def prompts(cfg, target: LoadedTarget, decoders: dict):
@@ -185,6 +221,21 @@ def run_record(cfg, loaded: Loaded, decoders: dict, workloads: dict) -> dict:
         # the target the drafter recorded is another than this one: the warning line, printed with the table
         "target_mismatch": drafter_target_mismatch(drafter.path, loaded.target.path) if drafter else None,
     }
+
+
+def speed_record(cfg, loaded: Loaded, decoders: dict, sampling) -> dict:
+    """metrics.json's `run.speed`: the speed profile the table projects to and each method's round (dmtp.speed.recipe,
+    from the method's own config), which the report prices."""
+    vocab = loaded.draft_vocab
+    recipes = {}
+    for m in loaded.methods:
+        label = loaded.drafter.label if m == "drafter" else m
+        if label in decoders:
+            recipes[label] = round_recipe(m, loaded.drafter.model if m == "drafter" else None,
+                                          vocab.size if vocab is not None else None, cfg.mtp_steps,
+                                          sampled=not sampling.greedy).as_dict()
+    return {"profile": cfg.get("speed_profile"), "batches": list(PROJECTED_BATCHES), "recipes": recipes,
+            "draft_vocab": vocab.size if vocab is not None else None}
 
 
 def record_on_card(cfg, loaded: Loaded, text: str) -> None:

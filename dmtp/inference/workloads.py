@@ -25,7 +25,7 @@ def decode_workloads(decoders: dict[str, Decoder], workloads: dict[str, list[lis
     if general.chooses_length and not any(d.signals_acceptance for d in decoders.values()):
         raise ValueError(f"verify_length=auto needs a method with an acceptance signal (a drafter with a confidence "
                          f"head, an MTP-led drafter, mtp415); none of {', '.join(decoders)} has one")
-    samplings = {name: _sampling_for(general, dec) for name, dec in decoders.items()}   # refused before decoding
+    samplings = {name: _sampling_for(general, dec, name) for name, dec in decoders.items()}   # refused before decoding
     for name, dec in decoders.items():
         sampling = samplings[name]
         if warmup and previous is None:
@@ -52,7 +52,7 @@ def pooled(out: dict, workloads) -> dict:
             if all((wl, m) in out["results"] for wl in workloads)}
 
 
-def _sampling_for(general: SamplingConfig, dec: Decoder) -> SamplingConfig:
+def _sampling_for(general: SamplingConfig, dec: Decoder, name: str = "the proposer") -> SamplingConfig:
     """The run's sampling as one method decodes it: confidence-scheduled verification applies to the drafters
     that predict acceptance, a length chosen per batch to those with an acceptance signal, a fixed length to
     those that draft (K > 0; one longer than K is refused here, in one line); the baselines beside them verify
@@ -60,7 +60,7 @@ def _sampling_for(general: SamplingConfig, dec: Decoder) -> SamplingConfig:
     sampling = general if dec.predicts_confidence else replace(general, confidence_threshold=0.0)
     if (general.chooses_length and not dec.signals_acceptance) or dec.num_candidates == 0:
         sampling = replace(sampling, verify_length="full")
-    sampling.fixed_length(dec.num_candidates)
+    sampling.fixed_length(dec.num_candidates, name)
     return sampling
 
 

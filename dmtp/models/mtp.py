@@ -93,8 +93,10 @@ class NativeMTP(nn.Module):
             u = layer(u, positions, mask, cache=cache)
         return self.norm(u)
 
-    def logits(self, g: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(g)
+    def logits(self, g: torch.Tensor, vocab=None) -> torch.Tensor:
+        """The shared LM head on g; `vocab` (dmtp.models.draft_vocab.DraftVocab): over its V tokens only, -inf
+        elsewhere."""
+        return self.lm_head(g) if vocab is None else vocab.logits(g, self.lm_head.weight)
 
     def new_cache(self, batch: int, max_len: int, dtype=None, device=None):
         p = self.fc.weight

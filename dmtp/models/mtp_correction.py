@@ -67,8 +67,8 @@ class ProposingMTP:
         self.native = mtp
         self.correction = correction
 
-    def logits(self, g: torch.Tensor) -> torch.Tensor:
-        return self.native.logits(self.correction(g))
+    def logits(self, g: torch.Tensor, vocab=None) -> torch.Tensor:
+        return self.native.logits(self.correction(g), vocab=vocab)
 
     def __getattr__(self, name):
         return getattr(self.native, name)

@@ -1,12 +1,15 @@
 """The text report of a decoding comparison: per workload and method, tau with its 95% bootstrap interval over
-the prompts (dmtp.reports.intervals), T1 acceptance, P(L>=k), throughput; then, per workload, each drafter
-against the strongest baseline beside it (the paired change over the same prompts, and whether the intervals
-separate: "A beats B" or "within noise"); then per-stage times."""
+the prompts (dmtp.reports.intervals), T1 acceptance, P(L>=k), throughput here, and the projected speed-up over AR at
+a speed profile (dmtp.speed: tau x AR step / the method's round, priced from its stages, at batch 1 and 32: the
+shipped Qwen3-8B/H200 profile by default); then, per workload, each drafter against the strongest baseline beside
+it (the paired change over the same prompts, and whether the intervals separate: "A beats B" or "within noise");
+then per-stage times."""
 from __future__ import annotations
 
 from dmtp.decode.metrics import nothing_verified
 from dmtp.reports.intervals import bootstrap_interval, format_interval, paired_ratio, separated
 from dmtp.reports.tables import format_table
+from dmtp.speed.projection import profile_header, projections, why_lines
 
 TABLE_COLUMNS = ["workload", "method", "tau", "95% CI", "t1_accept", "P(L>=2)", "P(L>=4)", "verified", "tok/s",
                  "speedup", "ms/round", "matches_ar"]
@@ -27,14 +30,36 @@ def _p(summary: dict, k: int):
     return p[k - 1] if len(p) >= k else None
 
 
+def _speed(metrics: dict) -> dict | None:
+    """metrics.json's run.speed (the profile and each method's round), when it names a profile."""
+    speed = (metrics.get("run") or {}).get("speed") or {}
+    return speed if speed.get("profile") and speed.get("recipes") else None
+
+
+def projected_columns(metrics: dict) -> list[str]:
+    speed = _speed(metrics)
+    return [f"x b{b}" for b in speed.get("batches") or ()] if speed else []
+
+
+def _projected(metrics: dict, table: dict) -> dict:
+    """{method: {batch: Projection}} of one scope's summaries (tau per verify: the tokens a round commits)."""
+    speed = _speed(metrics)
+    if speed is None:
+        return {}
+    taus = {name: s.get("tau_per_verify") for name, s in table.items()}
+    return projections(speed["recipes"], taus, speed["profile"], speed.get("batches") or ())
+
+
 def table_rows(metrics: dict) -> list[dict]:
     rows = []
     scopes = [(wl, t) for wl, t in metrics["workloads"].items()]
     if len(scopes) > 1:
         scopes.append(("all", metrics["overall"]))
     for wl, table in scopes:
+        found = _projected(metrics, table)
         for name, s in table.items():
             rows.append({"workload": wl, "method": name, "tau": s["tau_per_request"],
+                         **{f"x b{b}": p.cell() for b, p in found.get(name, {}).items()},
                          "95% CI": format_interval(bootstrap_interval(request_taus(s))),
                          "t1_accept": s["t1_accept"], "P(L>=2)": _p(s, 2), "P(L>=4)": _p(s, 4),
                          "verified": s.get("verified_per_round"),   # candidates verified per round
@@ -87,11 +112,34 @@ def header(metrics: dict) -> str:
             f"{run.get('max_new_tokens')} new tokens, batch {run.get('batch_size')}; {mode}")
 
 
+def projection_notes(metrics: dict) -> list[str]:
+    """Below the table: each method's round at every projected batch (ms, the derived stages it used), and one line
+    per method and batch the profile cannot price, naming the stages it lacks."""
+    speed = _speed(metrics)
+    if speed is None:
+        return []
+    found = _projected(metrics, metrics["overall"])
+    lines = []
+    for b in speed.get("batches") or ():
+        priced = [(m, ps[b]) for m, ps in found.items() if b in ps and ps[b].round_ms is not None]
+        if priced:
+            derived = sorted({k for _, p in priced for k in p.derived})
+            lines.append(f"round at {priced[0][1].profile}: " + ", ".join(f"{m} {p.round_ms:.2f} ms" for m, p in priced)
+                         + (f" (derived stages used: {', '.join(derived)})" if derived else " (all measured)"))
+    lines += why_lines(p for ps in found.values() for p in ps.values())
+    return lines
+
+
 def report(metrics: dict) -> str:
-    parts = [header(metrics), "",
-             format_table(table_rows(metrics), TABLE_COLUMNS,
-                          title="acceptance length (tau, per request; 95% bootstrap interval over the prompts) "
-                                "and throughput")]
+    columns = TABLE_COLUMNS[:10] + projected_columns(metrics) + TABLE_COLUMNS[10:]
+    speed = _speed(metrics)
+    title = "acceptance length (tau, per request; 95% bootstrap interval over the prompts) and throughput"
+    if speed:
+        title += (" here (tok/s, speedup), and the projected speed-up where users serve\n"
+                  + profile_header(speed["profile"], speed.get("batches") or ()))
+        if speed.get("draft_vocab"):
+            title += f"; drafting heads over a draft vocabulary of {speed['draft_vocab']} tokens"
+    parts = [header(metrics), "", format_table(table_rows(metrics), columns, title=title), *projection_notes(metrics)]
     versus = comparisons(metrics)
     if versus:
         parts += ["", "each drafter against the strongest baseline (intervals that overlap: within noise)", *versus]

@@ -2,13 +2,16 @@
 start's): per workload, in each decoding mode side by side, the drafter's tau and that of the target's own MTP
 chained alone on the same prompts (MTP415, and mtp:7 over the whole block where it was decoded), each with its 95%
 bootstrap interval over the prompts, and the paired change with the verdict the intervals allow ("wins", "loses",
-or "~" within noise).
+or "~" within noise); below it, what each is worth in tokens per second where users serve: the projected speed-up
+over AR at the record's speed profile (dmtp.speed: tau x AR step / the method's round, priced from its own stages;
+batch 1 and 32), with one line per method and batch the profile cannot price.
 
 From the "eval" record of metrics.json (dmtp.training.evaluate)."""
 from __future__ import annotations
 
 from dmtp.reports.intervals import bootstrap_interval, paired_ratio, separated
 from dmtp.reports.tables import format_table
+from dmtp.speed.projection import profile_header, projections, why_lines
 
 BASELINES = ("mtp415", "mtp:7")   # the first always; the second where the record decoded it
 
@@ -63,7 +66,51 @@ def evaluation_table(record: dict, method: str, step: int | None = None) -> str 
              f"apart, ~: within noise; (held out): a prompt set or domain the drafter's data lacks\ntarget {protocol.get('target')} (weights "
              f"{protocol.get('target_digest') or 'not hashed'}); "
              f"prompts: {counts}; {protocol.get('max_new_tokens')} new tokens, batch {protocol.get('batch_size')}")
-    return format_table(rows, columns, title=title)
+    table = format_table(rows, columns, title=title)
+    projected = projection_table(record)
+    return table if projected is None else table + "\n\n" + projected
 
 
-__all__ = ["evaluation_table"]
+def projection_table(record: dict) -> str | None:
+    """Per workload (the pooled rows included) and mode: each method's projected speed-up over AR at the record's
+    speed profile ("b1 / b32"), then each method's round in ms and a line per method and batch without a figure.
+
+    None when the record holds no speed section (decoded before dmtp.speed, or decode_eval.speed_profile=null)."""
+    speed = record.get("speed") or {}
+    modes = record.get("modes") or {}
+    if not speed.get("profile") or not speed.get("recipes") or not modes:
+        return None
+    batches = list(speed.get("batches") or ())
+    held_out = set((record.get("protocol") or {}).get("held_out") or ())
+    columns, rows, found_all = ["workload"], [], []
+    methods = {mode: [m for m in (speed["recipes"].get(mode) or {})] for mode in modes}
+    for mode in modes:
+        columns += [f"{mode} {m}" for m in methods[mode]]
+    for wl in next(iter(modes.values())):
+        row = {"workload": f"{wl} (held out)" if wl in held_out else wl}
+        for mode, per in modes.items():
+            stats = per.get(wl, {})
+            taus = {m: (stats.get(m) or {}).get("tau_verify") for m in methods[mode]}
+            found = projections(speed["recipes"][mode], taus, speed["profile"], batches)
+            found_all += [p for ps in found.values() for p in ps.values()]
+            for m in methods[mode]:
+                row[f"{mode} {m}"] = " / ".join(p.cell() for p in found.get(m, {}).values()) or "-"
+        rows.append(row)
+    title = (profile_header(speed["profile"], batches) + f"; cells: {' / '.join(f'x b{b}' for b in batches)}"
+             + (f"; drafting heads over a draft vocabulary of {speed['draft_vocab']} tokens"
+                if speed.get("draft_vocab") else ""))
+    notes = []
+    for b in batches:
+        priced = {}
+        for p in found_all:
+            if p.batch == b and p.round_ms is not None:
+                priced.setdefault(p.method, p)
+        if priced:
+            derived = sorted({k for p in priced.values() for k in p.derived})
+            notes.append(f"round at {next(iter(priced.values())).profile}: "
+                         + ", ".join(f"{m} {p.round_ms:.2f} ms" for m, p in priced.items())
+                         + (f" (derived stages used: {', '.join(derived)})" if derived else " (all measured)"))
+    return "\n".join([format_table(rows, columns, title=title), *notes, *why_lines(found_all)])
+
+
+__all__ = ["evaluation_table", "projection_table"]

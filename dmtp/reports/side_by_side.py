@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dmtp.configs import override
 from dmtp.reports.evaluation import BASELINES, _cell, _versus
 from dmtp.reports.tables import format_table
 
@@ -77,8 +78,9 @@ class SideBySideOnMultirunEnd:
         if table:
             print(table)
             (root / "side_by_side.txt").write_text(table + "\n")
-            print(f"[dmtp] this table: {root / 'side_by_side.txt'}; the drafters: "
-                  + ", ".join(str(j / "drafter") for j in jobs))
+            print(f"[dmtp] this table: {root / 'side_by_side.txt'}")
+            for job in jobs:
+                print(f"[dmtp] decode with it: python -m dmtp.infer {override('drafter', job / 'drafter')}")
 
     def __getattr__(self, name):  # the other Hydra callback hooks are no-ops
         if name.startswith("on_"):

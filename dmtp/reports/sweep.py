@@ -8,8 +8,10 @@ from Hydra, .hydra/overrides.yaml. Workloads are the prefixes of keys ending in 
 Jobs that decoded under the evaluation protocol (decode_eval: metrics.json's "eval") also give the protocol's
 tables (`protocol_tables`): per decoding mode and workload, every method with tau and its 95% interval over seeds
 and prompts (dmtp.reports.intervals), AR and MTP415 rows beside them (each seed's baselines counted once), T1,
-P(L>=k) and tok/s vs AR, and the verdict of each drafter against the strongest baseline and the best other
-drafter ("beats" only where the intervals do not overlap; "within noise" otherwise).
+P(L>=k), tok/s vs AR here, the projected speed-up over AR where users serve (dmtp.speed: tau x AR step / the
+method's round at a speed profile, batch 1 and 32; `protocol_recipes` gives each method's round, from the job's
+record or its drafter's config.json), and the verdict of each drafter against the strongest baseline and the best
+other drafter ("beats" only where the intervals do not overlap; "within noise" otherwise).
 """
 from __future__ import annotations
 
@@ -23,6 +25,9 @@ import yaml
 from dmtp.injection import CATALOGUE
 from dmtp.reports.decode_report import is_baseline
 from dmtp.reports.intervals import bootstrap_interval, format_interval, separated
+from dmtp.speed.profile import DEFAULT_PROFILE
+from dmtp.speed.projection import PROJECTED_BATCHES, profile_header, projections, why_lines
+from dmtp.speed.recipe import round_recipe
 
 BASELINE, SINGLE_ANCHOR = "raw_dflash", "token_only"
 # The "interface" column, in the table's row order: the variants' labels from the catalogue, the
@@ -99,6 +104,8 @@ def collect(sweep_dir: str | Path) -> list[dict]:
         row.update(_flatten(record))
         if evaluation is not None:
             row[EVAL_KEY] = evaluation     # nested, for the protocol tables; not a CSV column
+        if (job / "drafter" / "config.json").is_file():
+            row[DRAFTER_KEY] = str(job / "drafter")
         row.setdefault("method", row.get("injection", "?"))
         changed = [f"{key.split('.')[-1]}={value}" for key, value in _job_options(job).items()
                    if _differs(value, METHOD_OPTIONS[key])]
@@ -109,10 +116,11 @@ def collect(sweep_dir: str | Path) -> list[dict]:
 
 
 EVAL_KEY = "_eval"
+DRAFTER_KEY = "_drafter_dir"   # the job's exported drafter (its config.json gives the round a record lacks)
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
-    columns = sorted({k for r in rows for k in r if k != EVAL_KEY},
+    columns = sorted({k for r in rows for k in r if k not in (EVAL_KEY, DRAFTER_KEY)},
                      key=lambda k: (k not in ("job", "method", "injection", "seed"), k))
     with path.open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
@@ -202,6 +210,49 @@ def protocol_samples(rows: list[dict]) -> dict:
     return out
 
 
+def protocol_recipes(rows: list[dict]) -> dict:
+    """{mode: {method: round recipe (dmtp.speed.recipe, a dict)}} for the methods of `protocol_samples`.
+
+    A job's drafter from its record's "speed" section, else from its exported drafter's config.json; the baselines
+    (ar, mtp415, mtp:<k>) from their names. A method with no recipe (a drafter neither gives) has no entry. For a
+    study script: `projected_speedup(protocol_recipes(rows)[mode][method], tau, profile, batch)` (dmtp.speed)."""
+    out: dict = {}
+    for r in rows:
+        evaluation = r.get(EVAL_KEY)
+        if not evaluation:
+            continue
+        speed = evaluation.get("speed") or {}
+        for mode, per_workload in evaluation.get("modes", {}).items():
+            recipes = out.setdefault(mode, {})
+            for name in {m for per in per_workload.values() for m in per}:
+                method = r["method"] if name == "drafter" else name
+                if method in recipes:
+                    continue
+                recipe = (speed.get("recipes") or {}).get(mode, {}).get(name)
+                if recipe is None:
+                    try:
+                        if name == "drafter" and r.get(DRAFTER_KEY):
+                            recipe = round_recipe("drafter", r[DRAFTER_KEY], sampled=mode != "greedy").as_dict()
+                        elif name != "drafter":
+                            recipe = round_recipe(name).as_dict()
+                    except (ValueError, OSError, KeyError):
+                        recipe = None
+                if recipe is not None:
+                    recipes[method] = recipe
+    return out
+
+
+def _speed_profile(rows: list[dict], given: str | None) -> str | None:
+    """The profile the protocol tables project to: `given`, else the first record's, else the shipped default."""
+    if given:
+        return given
+    for r in rows:
+        speed = (r.get(EVAL_KEY) or {}).get("speed") or {}
+        if "profile" in speed:
+            return speed["profile"]
+    return DEFAULT_PROFILE
+
+
 def _seeds_mean(per_seed: dict, key: str):
     values = [s[key] for s in per_seed.values() if isinstance(s.get(key), (int, float))]
     return statistics.fmean(values) if values else None
@@ -219,16 +270,24 @@ def _order(method: str) -> tuple:
             if base in INTERFACES else 99, method)
 
 
-def protocol_tables(rows: list[dict]) -> str:
-    """The protocol's tables (see the module docstring); empty when no job decoded under it."""
+def protocol_tables(rows: list[dict], speed_profile: str | None = None) -> str:
+    """The protocol's tables (see the module docstring); empty when no job decoded under it. `speed_profile`: the
+    projected columns' profile (None: the records', else the shipped default)."""
     samples = protocol_samples(rows)
-    lines = []
+    profile = _speed_profile(rows, speed_profile)
+    recipes = protocol_recipes(rows) if profile else {}
+    lines = [] if not profile else ["", profile_header(profile)]
+    unpriced: list = []
     for mode, per_workload in samples.items():
         lines.append(f"\n### {mode}\n")
         for wl, per_method in per_workload.items():
             ks = sorted({k for m in per_method.values() for s in m.values() for k in range(1, len(s.get("p_len_ge") or []) + 1)})
             shown = [k for k in (2, 4, 7) if k in ks]
-            head = ["method", "seeds", "tau [95% CI]", "T1", *(f"P(L>={k})" for k in shown), "tok/s vs AR"]
+            taus = {m: _seeds_mean(ps, "tau_verify") for m, ps in per_method.items()}
+            found = projections(recipes.get(mode, {}), taus, profile) if profile else {}
+            unpriced += [p for ps in found.values() for p in ps.values()]
+            projected = [f"x b{b}" for b in PROJECTED_BATCHES] if profile else []
+            head = ["method", "seeds", "tau [95% CI]", "T1", *(f"P(L>={k})" for k in shown), "tok/s vs AR", *projected]
             lines += [f"**{wl}**\n", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
             cis = {}
             for method in sorted(per_method, key=_order):
@@ -241,9 +300,15 @@ def protocol_tables(rows: list[dict]) -> str:
                 cells = [method, str(len(per_seed)), f"{cis[method][0]:.3f} {format_interval(ci)}",
                          "" if t1 is None else f"{t1:.3f}",
                          *("" if _p_len(per_seed, k) is None else f"{_p_len(per_seed, k):.2f}" for k in shown),
-                         "" if speed is None else f"{speed:.2f}"]
+                         "" if speed is None else f"{speed:.2f}",
+                         *((found[method][b].cell() if b in found.get(method, {})
+                            else "-" if method in recipes.get(mode, {}) else "no recipe")
+                           for b in (PROJECTED_BATCHES if profile else ()))]
                 lines.append("| " + " | ".join(cells) + " |")
             lines += ["", *verdicts(cis), ""]
+    notes = why_lines(unpriced)
+    if notes:
+        lines += ["Projections the profile cannot price:", *(f"- {n}" for n in notes), ""]
     return "\n".join(lines)
 
 
@@ -323,7 +388,7 @@ def plots(rows: list[dict], out: Path) -> list[Path]:
     return made
 
 
-def aggregate(sweep_dir: str | Path, out: str | Path | None = None) -> Path:
+def aggregate(sweep_dir: str | Path, out: str | Path | None = None, speed_profile: str | None = None) -> Path:
     sweep_dir = Path(sweep_dir)
     out = Path(out) if out else sweep_dir / "report"
     rows = collect(sweep_dir)
@@ -331,7 +396,7 @@ def aggregate(sweep_dir: str | Path, out: str | Path | None = None) -> Path:
         raise FileNotFoundError(f"no metrics.json under {sweep_dir}")
     out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, out / "results.csv")
-    protocol = protocol_tables(rows)
+    protocol = protocol_tables(rows, speed_profile)
     if protocol:
         protocol = ("\n## Evaluation protocol: tau [95% interval over seeds and prompts], baselines beside every "
                     "drafter\n" + protocol + "\n")

@@ -60,6 +60,9 @@ class DecoderRequest:
     mtp: Any
     dtype: Any                 # torch.dtype
     options: dict = field(default_factory=dict)   # the engine's own, from `Engine.options(cfg)`
+    # The drafting heads' reduced vocabulary (dmtp.models.draft_vocab.DraftVocab; None: the whole head): dmtp's loop
+    # only (dmtp.infer refuses it with another engine)
+    draft_vocab: Any = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,8 @@ class Engine:
     # (target model, method, eos ids, mtp, engine options) -> Writer; None: it cannot regenerate.
     writer: Callable[..., Writer] | None = None
     regen_methods: tuple[str, ...] = ()   # the methods its writer decodes with
+    # () -> None, or one line (a ValueError) where the package it runs on is not installed: asked before anything loads
+    require_installed: Callable[[], None] | None = None
 
 
 def plain_dict(node) -> dict:

@@ -24,7 +24,8 @@ def decoders(request: DecoderRequest) -> dict[str, SpecDecoder]:
         label = drafter.label if m == "drafter" else m
         out[label] = build_decoder(target.model, m, target.eos_token_id,
                                    mtp=drafter.mtp if m == "drafter" else request.mtp,
-                                   drafter=drafter and drafter.model, name=label, **request.options)
+                                   drafter=drafter and drafter.model, name=label, draft_vocab=request.draft_vocab,
+                                   **request.options)
     return out
 
 

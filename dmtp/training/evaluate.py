@@ -18,8 +18,12 @@ from dmtp.inference.drafter_choice import greedy_correction_note
 from dmtp.inference.prompt_choice import embedded_prompts, held_out_workloads
 from dmtp.inference.setup import LoadedTarget, build_decoder, load_mtp
 from dmtp.inference.workloads import add_comparisons, decode_workloads, pooled
+from dmtp.models.draft_vocab import DraftVocab
 from dmtp.models.provenance import weights_digest
 from dmtp.reports.decode_report import request_taus
+from dmtp.speed.profile import DEFAULT_PROFILE
+from dmtp.speed.projection import PROJECTED_BATCHES
+from dmtp.speed.recipe import round_recipe
 
 DEFAULT_MODES = ({"temperature": 0.0}, {"temperature": 1.0, "verification": "rejection"})
 EVAL_METHODS = ("ar", "mtp415", "drafter")
@@ -77,17 +81,38 @@ def _target_mtp(loaded: LoadedTarget):
         return None
 
 
+def _draft_vocab(size: int | None, token_counts) -> DraftVocab | None:
+    if size is None:
+        return None
+    if token_counts is None:
+        raise ValueError(f"decode_eval.draft_vocab={size} needs the drafter data's token counts")
+    return DraftVocab.most_frequent(token_counts, int(size))
+
+
+def speed_section(profile: str, decoders: dict, drafter, vocab: DraftVocab | None, samplings: dict) -> dict:
+    """The record's "speed": the profile its table projects to and, per mode, each method's round (dmtp.speed)."""
+    size = vocab.size if vocab is not None else None
+    return {"profile": profile, "batches": list(PROJECTED_BATCHES), "draft_vocab": size,
+            "recipes": {name: {m: round_recipe(m, drafter if m == "drafter" else None, size,
+                                               sampled=not s.greedy).as_dict() for m in decoders}
+                        for name, s in samplings.items()}}
+
+
 def decode_after_training(target, mtp, drafter, tokenizer,
                           domains=("code", "prose", "math", "code_tasks", "prose_tasks"), trained_domains=None,
                           num_prompts: int = 32, prompt_tokens: int = 64, max_new_tokens: int = 128,
                           batch_size: int = 8, methods=EVAL_METHODS, modes=DEFAULT_MODES, seed: int = 0,
-                          throughput_batch_sizes=()) -> dict:
+                          throughput_batch_sizes=(), speed_profile: str | None = DEFAULT_PROFILE,
+                          draft_vocab: int | None = None, token_counts=None) -> dict:
     """-> {"eval": the protocol's record, plus the flat keys of the first greedy mode's drafter}.
     `trained_domains`: the drafter data's corpus domains; the others, and every shipped prompt set, are labelled
     held out (`protocol.held_out`) and pooled apart from the in-distribution ones (the rows "in-distribution" and
     "held out" beside "all").
     `throughput_batch_sizes`: also decode all the workloads' prompts together greedily at each of these batch
-    sizes and record `throughput/bs<b>/tok_s` (and `.../speedup_vs_ar`): the throughput-vs-batch plot."""
+    sizes and record `throughput/bs<b>/tok_s` (and `.../speedup_vs_ar`): the throughput-vs-batch plot.
+    `speed_profile`: the profile the table projects each method's speed-up to (dmtp.speed; the record keeps each
+    method's round per mode under "speed"). `draft_vocab`: every drafting head (the MTP chains' and the drafter's)
+    over the `draft_vocab` most frequent tokens of `token_counts` (the run's data, dmtp.models.draft_vocab)."""
     methods = list(methods)
     if "drafter" not in methods:
         raise ValueError(f"decode_eval.methods must include drafter (the run's own), got {methods}")
@@ -104,17 +129,16 @@ def decode_after_training(target, mtp, drafter, tokenizer,
     needs_mtp = [m for m in methods if m.startswith("mtp")]
     if needs_mtp and mtp is None:   # raw DFlash trains without the MTP; its table still has the MTP chain beside it
         mtp = _target_mtp(loaded)
-    decoders = {}
-    for m in methods:
-        if m.startswith("mtp") and mtp is None:
-            continue   # a target without an MTP: the chain baseline is named as skipped, never faked
-        decoders[m] = build_decoder(target, m, eos, mtp=mtp, drafter=drafter if m == "drafter" else None)
+    vocab = _draft_vocab(draft_vocab, token_counts)
+    decoders = _decoders(target, methods, eos, mtp, drafter, vocab)
     record = {"protocol": {"workloads": {wl: len(p) for wl, p in workloads.items()}, "prompt_tokens": prompt_tokens,
                            "max_new_tokens": max_new_tokens, "batch_size": batch_size, "seed": seed,
                            "target": target.path, "target_digest": weights_digest(target.path),
                            "methods": list(decoders), "skipped": [m for m in needs_mtp if m not in decoders],
                            "held_out": held_out_workloads(workloads, trained_domains)},
               "modes": {}}
+    if speed_profile:
+        record["speed"] = speed_section(speed_profile, decoders, drafter, vocab, samplings)
     flat: dict = {}
     for name, sampling in samplings.items():
         out = decode_workloads(decoders, workloads, max_new_tokens=max_new_tokens, sampling=sampling,
@@ -132,11 +156,29 @@ def decode_after_training(target, mtp, drafter, tokenizer,
                 flat.update(flat_decode_metrics(per["drafter"], wl))
                 if "ar" in per:
                     flat[f"{wl}/speedup_vs_ar"] = per["drafter"]["tokens_per_s"] / per["ar"]["tokens_per_s"]
+    flat.update(_throughput(decoders, workloads, throughput_batch_sizes, max_new_tokens))
+    return {**flat, "eval": record}
+
+
+def _decoders(target, methods, eos, mtp, drafter, vocab: DraftVocab | None) -> dict:
+    """The loop's decoder of every method (the MTP chains skipped, never faked, for a target without an MTP)."""
+    decoders = {}
+    for m in methods:
+        if m.startswith("mtp") and mtp is None:
+            continue
+        decoders[m] = build_decoder(target, m, eos, mtp=mtp, drafter=drafter if m == "drafter" else None,
+                                    **({"draft_vocab": vocab} if vocab is not None else {}))
+    return decoders
+
+
+def _throughput(decoders: dict, workloads: dict, batch_sizes, max_new_tokens: int) -> dict:
+    """`throughput/bs<b>/tok_s` (and its speed-up vs AR): every prompt decoded greedily at each batch size."""
+    flat = {}
     everything = {"all": [p for prompts in workloads.values() for p in prompts]}
-    for b in throughput_batch_sizes or ():
+    for b in batch_sizes or ():
         run = decode_workloads(decoders, everything, max_new_tokens=max_new_tokens, sampling=SamplingConfig(),
                                batch_size=int(b))["overall"]
         flat[f"throughput/bs{b}/tok_s"] = run["drafter"]["tokens_per_s"]
         if "ar" in run:
             flat[f"throughput/bs{b}/speedup_vs_ar"] = run["drafter"]["tokens_per_s"] / run["ar"]["tokens_per_s"]
-    return {**flat, "eval": record}
+    return flat

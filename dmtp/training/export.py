@@ -9,6 +9,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from dmtp.atomic_io import write_json
+from dmtp.configs import override
 from dmtp.drafters.registry import method_name
 from dmtp.models.model_card import set_card_section
 from dmtp.reports.evaluation import evaluation_table
@@ -56,6 +57,19 @@ def walk_table_now(cfg: DictConfig, module, trainer) -> str | None:
     return walk_table(flat_metrics(cfg, summary))
 
 
+def save_data_token_counts(drafter_dir: Path, trainer, target):
+    """The drafter data's supervised-token counts beside the exported drafter (token_counts.safetensors: its draft
+    vocabulary of any size, dmtp.models.draft_vocab); -> the counts (None where the data has no rows in memory)."""
+    from dmtp.models.draft_vocab import save_token_counts, token_counts
+
+    rows = getattr(getattr(trainer, "datamodule", None), "train_rows", None)
+    if not rows:
+        return None
+    counts = token_counts(rows, target.lm_head.weight.shape[0])
+    save_token_counts(drafter_dir, counts, "the training rows' supervised tokens (dmtp.training.export)")
+    return counts
+
+
 def export_and_report(cfg: DictConfig, trainer, module, target, tokenizer, output_dir: Path, dtype) -> dict:
     """After fit: the drafter exported by rank 0 (gathered whole under FSDP), the metrics files, the decode
     evaluation when asked, and the run-end lines and table."""
@@ -74,6 +88,7 @@ def export_and_report(cfg: DictConfig, trainer, module, target, tokenizer, outpu
                                 mtp_state=mtp_state, dtype=dtype, target=target.path,
                                 train_config=OmegaConf.to_container(cfg, resolve=False))
             summary["drafter"] = str(drafter_dir)
+            counts = save_data_token_counts(drafter_dir, trainer, target)
             write_json(output_dir / "train_metrics.json", summary)
             record = flat_metrics(cfg, summary)
             if cfg.get("decode_eval") and cfg.decode_eval.enabled:
@@ -83,12 +98,17 @@ def export_and_report(cfg: DictConfig, trainer, module, target, tokenizer, outpu
                 opts.pop("enabled")
                 trained = list(cfg.data.domains) if cfg.data.get("source") == "embedded" else []
                 record.update(decode_after_training(target, module.mtp, module.drafter, tokenizer, seed=cfg.seed,
-                                                    trained_domains=trained, **opts))
+                                                    trained_domains=trained, token_counts=counts, **opts))
             write_json(output_dir / "metrics.json", record)
             print(f"[dmtp] drafter ({record['method']}) exported to {drafter_dir}")
             if tuned is not None:
                 print(f"[dmtp] its jointly trained MTP: {drafter_dir / 'mtp.safetensors'} (the target checkpoint is unchanged)")
-            print(f"[dmtp] checkpoints in {output_dir / 'checkpoints'}; TensorBoard logs: tensorboard --logdir {output_dir}")
+            # only what the run wrote (callbacks=none saves no checkpoint, logger=none or csv no TensorBoard log)
+            kept = [f"checkpoints in {output_dir / 'checkpoints'}"] if (output_dir / "checkpoints").is_dir() else []
+            kept += [f"TensorBoard logs: tensorboard --logdir {output_dir}"] if (output_dir / "tensorboard").is_dir() \
+                else []
+            if kept:
+                print(f"[dmtp] {'; '.join(kept)}")
             # The closing table: the protocol's decoding (greedy and sampled, beside MTP415, on the test prompts)
             # when it ran, else the validation walk (exact greedy acceptance on the validation prompts).
             table = evaluation_table(record["eval"], record["method"], record["global_step"]) if "eval" in record \
@@ -98,5 +118,5 @@ def export_and_report(cfg: DictConfig, trainer, module, target, tokenizer, outpu
                 title = ("Held-out decoding (evaluation protocol)" if "eval" in record
                          else "Final validation walk (exact greedy acceptance)")
                 set_card_section(drafter_dir, "walk", title, table)
-            print(f"[dmtp] decode with it: python -m dmtp.infer drafter={drafter_dir}")
+            print(f"[dmtp] decode with it: python -m dmtp.infer {override('drafter', drafter_dir)}")
     return summary

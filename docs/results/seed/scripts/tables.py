@@ -18,7 +18,10 @@ from pathlib import Path
 import numpy as np
 
 from dmtp.reports.intervals import bootstrap_interval, paired_ratio
-from dmtp.reports.sweep import collect, protocol_samples
+from dmtp.reports.sweep import collect, protocol_recipes, protocol_samples
+from dmtp.speed import projected_speedup
+
+PROFILE = "qwen3-8b.h200.bf16"   # the shipped 8B profile (dmtp/speed/profiles/: measured and derived stages)
 
 # The seed's code column (its §1 table and supplementary rows; SPEC §7), and the label of each variant here.
 SEED_CODE = {"raw_dflash": 3.360, "token_only": 3.770, "hidden_residual_t1": 3.864, "six_mask_residual": 3.842,
@@ -43,10 +46,13 @@ def name(method: str) -> str:
     return method
 
 
+def rows_of(*dirs: Path) -> list[dict]:
+    return [r for d in dirs if d.exists() for r in collect(d)]
+
+
 def samples(*dirs: Path) -> dict:
     """{mode: {workload: {method: {seed: stats}}}} over several sweep directories (missing ones skipped)."""
-    rows = [r for d in dirs if d.exists() for r in collect(d)]
-    return protocol_samples(rows)
+    return protocol_samples(rows_of(*dirs))
 
 
 def _seeds(per_seed: dict, key: str = "tau_requests") -> tuple[list, list]:
@@ -215,10 +221,45 @@ def study(S: dict) -> str:
     return "\n".join(out)
 
 
+def speed(S: dict, recipes: dict) -> str:
+    """The verdict by speed as well as tau: tau per verify (the tokens a round commits) x AR step / the method's round,
+    priced at the 8B profile (dmtp.speed), at batch 1 and 32; a batch the profile cannot price names what it lacks."""
+    out = ["\n\n## Projected speed-up over AR at 8B shapes (tau per verify x AR step / the method's round)\n",
+           f"Profile `{PROFILE}` (H200 figures of 2026-12-04, measured and derived stages: BENCHMARKS.md, "
+           "`dmtp/speed/profiles/`); the round from each method's own config (`dmtp.speed.recipe`).\n"]
+    missing: set[str] = set()
+    for mode in [m for m in ("greedy", "T=1 rejection", "T=1 target_only") if m in S]:
+        methods = sorted({m for m in S[mode].get("all", {}) if m in recipes.get(mode, {})},
+                         key=lambda m: list(NAMES).index(m) if m in NAMES else 99)
+        rows = []
+        for m in methods:
+            row = [name(m)]
+            for split in ("in-distribution", "held out", "all"):
+                per_seed = S[mode].get(split, {}).get(m)
+                verify = float(np.mean([s.get("tau_verify") or np.nan for s in per_seed.values()])) if per_seed else None
+                cells = []
+                for batch in (1, 32):
+                    p = projected_speedup(recipes[mode][m], verify, PROFILE, batch)
+                    cells.append(p.cell())
+                    if not p.ok and p.why():
+                        missing.add(f"b{batch}: " + ", ".join(p.missing))
+                rounds = projected_speedup(recipes[mode][m], verify, PROFILE, 1).round_ms
+                row += ["-" if verify is None else f"{verify:.3f}", cells[0], cells[1]]
+            row.append("-" if rounds is None else f"{rounds:.2f}")
+            rows.append(row)
+        out.append(f"\n**{mode}**\n")
+        out.append(table(["method", "in-dist tau/verify", "x b1", "x b32", "held-out tau/verify", "x b1", "x b32",
+                          "all tau/verify", "x b1", "x b32", "round ms b1"], rows))
+    if missing:
+        out.append("\nNot projected (the profile lacks the stage): " + "; ".join(sorted(missing)))
+    return "\n".join(out)
+
+
 def main(root: str) -> None:
     root = Path(root)
     seeds = sorted(root.glob("regime/seed*"))
-    regime = samples(*seeds)
+    regime_rows = rows_of(*seeds)
+    regime = protocol_samples(regime_rows)
     ablation_s = samples(*seeds, *sorted(root.glob("ablation/seed*")))
     print("# The seed's experiment in the seed's regime (docs/results.md §12)\n")
     print(f"Sweeps under `{root.name}/`: regime {len(seeds)} seed(s), ablation "
@@ -228,6 +269,7 @@ def main(root: str) -> None:
     print(pairs(regime))
     print(conditional(regime))
     print(study(regime))
+    print(speed(regime, protocol_recipes(regime_rows)))
 
 
 if __name__ == "__main__":
