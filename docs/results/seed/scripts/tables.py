@@ -149,6 +149,21 @@ def continuation(C: dict, F: dict) -> str:
         out.append(f"\n**{mode}**\n")
         out.append(table(["workloads", "variant", "continued: tau", "continued: T1", "continued vs raw DFlash continued",
                           "from scratch: tau", "from scratch: T1"], rows))
+    out.append("\n\n**The seed's two updates as contrasts** (paired change of the first over the second, all workloads; "
+               "the seed: zero-init ~ direct fusion from scratch, better continued; dual ~ single from scratch, better "
+               "continued)\n")
+    contrasts = [("zero-init vs direct fusion, single anchor", "zero_init_t1", "fusion_t1"),
+                 ("zero-init vs direct fusion, dual anchor", "dual_anchor_zero_init", "dual_anchor_fusion"),
+                 ("dual vs single anchor, direct fusion", "dual_anchor_fusion", "fusion_t1"),
+                 ("dual vs single anchor, zero-init", "dual_anchor_zero_init", "zero_init_t1")]
+    rows = []
+    for mode in [m for m in ABLATION_MODES if m in C]:
+        for label, a, b in contrasts:
+            cont = C[mode].get("all", {})
+            scratch = F.get(mode, {}).get("all", {})
+            rows.append([mode, label, change_cell(change(cont.get(a), cont.get(b))),
+                         change_cell(change(scratch.get(a), scratch.get(b)))])
+    out.append(table(["mode", "contrast", "continued", "from scratch"], rows))
     return "\n".join(out)
 
 
