@@ -6,7 +6,10 @@ import importlib
 import sys
 from pathlib import Path
 
+import torch
 from hydra.core.global_hydra import GlobalHydra
+
+from dmtp import threads
 
 HYDRA_QUIET = ["hydra/job_logging=none", "hydra/hydra_logging=none", "hydra.output_subdir=null"]
 
@@ -17,6 +20,11 @@ def run_command(module: str, args: list[str], run_dir: Path, monkeypatch, capsys
     record of the run (`.hydra/`) is left to the command's configuration, as a user's run has it."""
     quiet = [o for o in HYDRA_QUIET if not (records and o.startswith("hydra.output_subdir"))]
     monkeypatch.setattr(sys, "argv", [module, *args, f"hydra.run.dir={run_dir}", *quiet])
+    # A command claims the process it runs in (dmtp.threads) and sets torch's threads: both go back after it, so
+    # the tests after it see the process as they left it.
+    for key, value in threads._claim.items():
+        monkeypatch.setitem(threads._claim, key, value)
+    torch_threads = torch.get_num_threads()
     # As under `python -m`: Hydra finds conf/ relative to the command's file, not its package.
     monkeypatch.setenv("HYDRA_MAIN_MODULE", "__main__")
     capsys.readouterr()
@@ -27,6 +35,7 @@ def run_command(module: str, args: list[str], run_dir: Path, monkeypatch, capsys
         code = e.code
     finally:
         GlobalHydra.instance().clear()
+        torch.set_num_threads(torch_threads)
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
     return code, lines[-1] if lines else "", out

@@ -33,7 +33,7 @@ def _module(*overrides):
 def test_dspark_mix_is_the_weighted_sum_of_ce_and_tv(drafter):
     """The same blocks (same seed) under each loss: dspark = 0.1 ce + 0.9 tv, and tv is the decayed mean of
     the TV of each supervised slot; the greedy recipe's is ce."""
-    module, ids, mask = _module(f"drafter={drafter}", "drafter.num_layers=1")
+    module, ids, mask = _module(f"drafter={drafter}", "drafter.num_layers=1", "drafter.mtp_correction_rank=8")
     assert module.loss_name == "ce" and module.loss_mix == (1.0, 0.0)
     losses = {}
     for name in ("ce", "tv", "dspark"):

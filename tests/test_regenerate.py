@@ -111,7 +111,7 @@ def test_training_on_regenerated_data(tmp_path, monkeypatch, capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1] == f"[dmtp] decode with it: python -m dmtp.infer drafter={summary['drafter']}"
     header = next(i for i, line in enumerate(lines) if line.startswith("domain "))
-    assert lines[header - 1].startswith("final validation walk, dual_anchor_zero_init+mtp_correction at step 4")
+    assert lines[header - 1].startswith("final validation walk, dual_anchor_zero_init at step 4")
     assert [line.split()[0] for line in lines[header + 2:-1]] == ["code", "math", "prose"]
     assert "mtp415 tau" in lines[header] and "mtp415: the target's MTP chained alone" in lines[header - 1]
     record = json.loads((tmp_path / "run" / "metrics.json").read_text())

@@ -274,6 +274,8 @@ def protocol_tables(rows: list[dict], speed_profile: str | None = None) -> str:
     """The protocol's tables (see the module docstring); empty when no job decoded under it. `speed_profile`: the
     projected columns' profile (None: the records', else the shipped default)."""
     samples = protocol_samples(rows)
+    if not samples:
+        return ""
     profile = _speed_profile(rows, speed_profile)
     recipes = protocol_recipes(rows) if profile else {}
     lines = [] if not profile else ["", profile_header(profile)]
