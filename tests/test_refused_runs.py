@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from cli_runner import run_command
+from cli_runner import main_exit_code, run_command
 
 RUN = ["debug=tiny_budget", "recipe=greedy", "logger=none", "callbacks=default", "~callbacks.lr_monitor",
        "callbacks.model_checkpoint.every_n_train_steps=1", "data.max_examples=40", "model.val_walk=false",
@@ -201,22 +201,11 @@ def test_refused_decoding_runs_and_every_prepare_run_leave_no_directory(tmp_path
                                                                         capsys):
     """dmtp.infer / dmtp.regime refused, and dmtp.prepare whatever its outcome, left outputs/<task>/<ts>/ behind (Hydra's
     record and an empty log file, or nothing at all): now the directory their command made is removed (issue 65)."""
-    import importlib
-
-    from hydra.core.global_hydra import GlobalHydra
-
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("HYDRA_MAIN_MODULE", "__main__")
 
     def run(module, args):   # as a user runs it: the default run directory, Hydra's record and log file
         monkeypatch.setattr(sys, "argv", [module, *args])
-        try:
-            importlib.import_module(module).main()
-            return 0
-        except SystemExit as e:
-            return e.code
-        finally:
-            GlobalHydra.instance().clear()
+        return main_exit_code(module, monkeypatch)
 
     micro = f"target.path={micro_target_dir}"
     assert run("dmtp.infer", [micro, "methods=[ar]", "batch_size=0"]) == 2
@@ -237,3 +226,23 @@ def test_a_resume_to_fewer_steps_than_its_checkpoint_is_one_line(tmp_path, monke
     assert (code, line) == (2, "dmtp.train: error: trainer.max_steps=1 is below the step the checkpoint was saved at "
                                "(2): nothing would be trained; give trainer.max_steps > 2 to train on (= 2 exports it "
                                "again)")
+
+
+def test_a_removed_run_directory_takes_its_unopened_log_file_with_it(tmp_path, monkeypatch):
+    """A command run in-process (tests, a notebook) whose empty run directory was removed left Hydra's log file
+    handler behind, opened on its first record: the next record anywhere in the process raised FileNotFoundError."""
+    import logging
+
+    from dmtp.runs import records
+
+    run_dir = tmp_path / "outputs" / "prepare" / "runs" / "one"
+    monkeypatch.setattr(records, "_MADE", {tmp_path / "outputs"})
+    run_dir.mkdir(parents=True)
+    handler = logging.FileHandler(run_dir / "prepare.log", delay=True)
+    logging.getLogger().addHandler(handler)
+    try:
+        records.remove_if_made(run_dir)
+        assert not (tmp_path / "outputs").exists() and handler not in logging.getLogger().handlers
+        logging.getLogger("after").warning("a record after the run")   # raised FileNotFoundError before
+    finally:
+        logging.getLogger().removeHandler(handler)

@@ -5,7 +5,6 @@ leaves a lock that does not block its resume."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -23,22 +22,29 @@ RUN = ["debug=tiny_budget", "logger=none", "callbacks=default", "~callbacks.lr_m
 
 
 def _start(run_dir: Path, steps: int, log: Path) -> subprocess.Popen:
-    """`python -m dmtp.train` in a process of its own (its output to `log`: a pipe nobody reads would stall it)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    """`python -m dmtp.train` in a process of its own (its output to `log`: a pipe nobody reads would stall it),
+    caught at step 2 (tests/pause_at_step.py) once its step-2 checkpoint is written, until `_resume` lets it go."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]), "OMP_NUM_THREADS": "1"}
+    pause = ["+callbacks.pause._target_=pause_at_step.PauseAtStep", "+callbacks.pause.step=2",
+             f"+callbacks.pause.marker={run_dir.parent / 'paused'}", f"+callbacks.pause.go={run_dir.parent / 'go'}"]
     with open(log, "w") as out:
-        return subprocess.Popen([sys.executable, "-m", "dmtp.train", *RUN, f"trainer.max_steps={steps}",
+        return subprocess.Popen([sys.executable, "-m", "dmtp.train", *RUN, *pause, f"trainer.max_steps={steps}",
                                  f"hydra.run.dir={run_dir}"], cwd=run_dir.parent, env=env, stdout=out,
                                 stderr=subprocess.STDOUT)
 
 
-def _stopped_at(path: Path, proc: subprocess.Popen, log: Path, timeout: float = 300) -> None:
-    """Wait for `path` to exist, then stop the process there (SIGSTOP: it holds its directory, writing nothing)."""
+def _paused(run_dir: Path, proc: subprocess.Popen, log: Path, timeout: float = 300) -> None:
+    """Wait until the run is caught at step 2: it holds its directory, writing nothing."""
     deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert proc.poll() is None, f"the run ended (status {proc.returncode}) before {path}: {log.read_text()[-2000:]}"
-        assert time.monotonic() < deadline, f"no {path} after {timeout} s"
+    while not (run_dir.parent / "paused").exists():
+        assert proc.poll() is None, f"the run ended (status {proc.returncode}) before step 2: {log.read_text()[-2000:]}"
+        assert time.monotonic() < deadline, f"the run reached no step 2 in {timeout} s"
         time.sleep(0.1)
-    os.kill(proc.pid, signal.SIGSTOP)
+    assert (run_dir / "checkpoints" / "step000002.ckpt").is_file()
+
+
+def _resume(run_dir: Path) -> None:
+    (run_dir.parent / "go").write_text("")
 
 
 def _files_of(folder: Path) -> dict:
@@ -57,7 +63,7 @@ def test_a_run_directory_in_use_is_refused_to_every_other_writer_and_the_run_fin
     first = _start(run_dir, steps=6, log=log)
     try:
         checkpoint = run_dir / "checkpoints" / "step000002.ckpt"
-        _stopped_at(checkpoint, first, log)
+        _paused(run_dir, first, log)
         before = _files_of(run_dir)
         held = (f"dmtp.train: error: {run_dir} is in use by another dmtp.train run (pid {first.pid}, which holds "
                 f"{run_dir / '.dmtp-lock'}): let it finish, or stop it (kill {first.pid}) and continue it with "
@@ -67,7 +73,7 @@ def test_a_run_directory_in_use_is_refused_to_every_other_writer_and_the_run_fin
             assert (code, line) == (2, held), entry
             assert _files_of(run_dir) == before, entry
     finally:
-        os.kill(first.pid, signal.SIGCONT)
+        _resume(run_dir)
     assert first.wait(timeout=300) == 0, log.read_text()[-3000:]
     assert _step_of(run_dir / "checkpoints" / "last.ckpt") == 6
     assert (run_dir / "drafter" / "model.safetensors").is_file() and (run_dir / "metrics.json").is_file()
@@ -78,9 +84,10 @@ def test_a_lock_left_by_a_killed_run_does_not_block_its_resume(tmp_path, monkeyp
     run_dir, log = tmp_path / "run", tmp_path / "killed.log"
     run_dir.mkdir()
     killed = _start(run_dir, steps=1000, log=log)
-    _stopped_at(run_dir / "checkpoints" / "step000002.ckpt", killed, log)
+    _paused(run_dir, killed, log)
     killed.kill()
     killed.wait(timeout=60)
+    _resume(run_dir)   # the resumed run carries the pause of the run it continues: let it pass
     host = (run_dir / ".dmtp-lock").read_text().split()[1]
     assert (run_dir / ".dmtp-lock").read_text().split()[0] == str(killed.pid)   # left behind, its lock gone with it
     code, line, out = run_command("dmtp.train", [f"resume={run_dir}", "trainer.max_steps=4"], run_dir, monkeypatch,

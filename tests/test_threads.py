@@ -31,6 +31,7 @@ def test_a_bad_threads_setting_is_one_line(setting):
 
 def test_in_process_auto_leaves_the_callers_threads(monkeypatch):
     monkeypatch.delenv("DMTP_THREADS", raising=False)
+    monkeypatch.setitem(threads._claim, "owned", False)   # called from Python: no command claimed this process
     before = torch.get_num_threads()
     line = threads.apply_threads("auto")
     assert torch.get_num_threads() == before and line.startswith(f"[dmtp] threads: {before} (auto: the calling ")

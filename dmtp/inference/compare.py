@@ -117,7 +117,7 @@ def load(cfg, named: set[str]) -> Loaded:
 
 def chosen_draft_vocab(cfg, drafter_dir):
     """`draft_vocab=<V>`: the V most frequent tokens of the drafter data's counts (`draft_vocab_from`, else the decoded
-    drafter's token_counts.safetensors), said in one line; None without the option."""
+    drafter's draft_vocab/token_counts.safetensors), said in one line; None without the option."""
     from dmtp.models.draft_vocab import draft_vocab_for, load_token_counts
 
     size = cfg.get("draft_vocab")

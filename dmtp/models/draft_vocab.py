@@ -13,7 +13,7 @@ by the q it was drawn from, which is exact for any q (tests/test_speed_draft_voc
 distribution with a chi-square test).
 
 Which V tokens: the most frequent supervised tokens of the drafter's training rows (`token_counts`), saved
-beside the drafter as `token_counts.safetensors` (`save_token_counts`; every V is then chosen at decoding
+beside the drafter as `draft_vocab/token_counts.safetensors` (`save_token_counts`; every V is then chosen at decoding
 time). `python -m dmtp.training.draft_vocab <drafter dir>` counts them for a drafter trained before this file
 existed, from the data its recorded training config names (the regeneration is read from the cache)."""
 from __future__ import annotations
@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-COUNTS_NAME = "token_counts.safetensors"
+# In a folder of its own: engines load every *.safetensors at the top of a drafter's directory as its weights
+COUNTS_NAME = "draft_vocab/token_counts.safetensors"
 
 
 def token_counts(rows, vocab_size: int) -> torch.Tensor:
@@ -42,16 +43,17 @@ def token_counts(rows, vocab_size: int) -> torch.Tensor:
 
 
 def save_token_counts(directory: str | Path, counts: torch.Tensor, source: str) -> Path:
-    """`counts` [vocab] as `<directory>/token_counts.safetensors` (with where they came from in its metadata)."""
-    from safetensors.torch import save_file
+    """`counts` [vocab] as `<directory>/draft_vocab/token_counts.safetensors` (with where they came from in its metadata)."""
+    from dmtp.atomic_io import save_safetensors
 
     path = Path(directory) / COUNTS_NAME
-    save_file({"token_counts": counts.to(torch.int64).contiguous()}, str(path), metadata={"source": source})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_safetensors(path, {"token_counts": counts.to(torch.int64).contiguous()}, metadata={"source": source})
     return path
 
 
 def load_token_counts(path: str | Path) -> torch.Tensor:
-    """The counts of a drafter directory (its token_counts.safetensors) or of that file itself."""
+    """The counts of a drafter directory (its draft_vocab/token_counts.safetensors) or of that file itself."""
     from safetensors.torch import load_file
 
     path = Path(path)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import lightning as L
 
+from dmtp.runs.records import close_log_files_under
+
 
 def paths_under(folder: Path) -> set[Path]:
     """Every file and folder below `folder` (none when it does not exist)."""
@@ -61,7 +63,8 @@ class UntilFirstStep:
             try:
                 self.run_dir.rmdir()   # only when empty
             except OSError:
-                pass
+                return
+            close_log_files_under(self.run_dir)
 
 
 __all__ = ["FirstStep", "UntilFirstStep", "paths_under"]

@@ -18,6 +18,7 @@ No torch: the command imports this before anything heavy.
 """
 from __future__ import annotations
 
+import logging
 import secrets
 import shutil
 from contextlib import contextmanager
@@ -71,6 +72,20 @@ def remove_if_made(path: str | Path) -> None:
             continue
         except OSError:   # not empty: the run wrote there, or another one did
             return
+        close_log_files_under(folder)
+
+
+def close_log_files_under(folder: Path) -> None:
+    """Detach the log files (opened on their first record) that lay in the removed `folder`: a later record in this
+    process (a command run in-process, as the tests and a notebook do) would otherwise fail to open them."""
+    loggers = [logging.getLogger(), *(one for one in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(one, logging.Logger))]
+    for logger in loggers:
+        for handler in list(logger.handlers):
+            name = getattr(handler, "baseFilename", None)
+            if name is not None and folder in Path(name).parents:
+                logger.removeHandler(handler)
+                handler.close()
 
 
 @contextmanager

@@ -1,5 +1,5 @@
 """`python -m dmtp.training.draft_vocab <drafter dir>`: write the draft-vocabulary token counts
-(token_counts.safetensors, dmtp.models.draft_vocab) of a drafter trained before training wrote them, from the
+(draft_vocab/token_counts.safetensors, dmtp.models.draft_vocab) of a drafter trained before training wrote them, from the
 rows of the data its config.json's recorded training config names (the target's responses come from the
 regeneration cache, as the run read them)."""
 from __future__ import annotations

@@ -58,7 +58,7 @@ def walk_table_now(cfg: DictConfig, module, trainer) -> str | None:
 
 
 def save_data_token_counts(drafter_dir: Path, trainer, target):
-    """The drafter data's supervised-token counts beside the exported drafter (token_counts.safetensors: its draft
+    """The drafter data's supervised-token counts beside the exported drafter (draft_vocab/token_counts.safetensors: its draft
     vocabulary of any size, dmtp.models.draft_vocab); -> the counts (None where the data has no rows in memory)."""
     from dmtp.models.draft_vocab import save_token_counts, token_counts
 

@@ -88,6 +88,10 @@ def test_vllm_acceptance_per_position_equals_dmtps_loop(dmtp_run, served_raw):
     assert spec.accepted != spec.accepted_raw                # the budget did cut some last rounds
 
 
+# vLLM's engine options, given to the vLLM engine only (dmtp's refuses options it would ignore)
+VLLM_ARGS = {"dmtp": [], "vllm": ["vllm_engine_args={enforce_eager: true, max_model_len: 512}"]}
+
+
 def test_infer_engine_vllm_prints_dmtps_acceptance(vllm_target_dir, raw_drafter_dir, tmp_path, capsys):
     """`python -m dmtp.infer engine=vllm`: the same prompts and table, decoded inside vLLM; greedy, every
     acceptance figure equals dmtp's own loop (speed columns are vLLM's and are not compared)."""
@@ -97,8 +101,7 @@ def test_infer_engine_vllm_prints_dmtps_acceptance(vllm_target_dir, raw_drafter_
         cfg = compose_config("infer", [f"engine={engine}", f"target.path={vllm_target_dir}", f"drafter.path={raw_drafter_dir}",
                                        "methods=[ar,drafter]", "num_prompts=2", "max_new_tokens=32", "batch_size=2",
                                        "progress=false", "eval.domains=[code,math]",
-                                       "vllm_engine_args={enforce_eager: true, max_model_len: 512}",
-                                       f"output_dir={tmp_path / engine}"])
+                                       *VLLM_ARGS[engine], f"output_dir={tmp_path / engine}"])
         return compare_methods(cfg)
 
     ours, theirs = run("dmtp"), run("vllm")
@@ -122,12 +125,11 @@ def test_infer_engine_vllm_decodes_a_dmtp_drafter_through_the_plugin(vllm_target
         cfg = compose_config("infer", [f"engine={engine}", f"target.path={vllm_target_dir}",
                                        f"drafter.path={dmtp_drafter_dir}", "methods=[ar,drafter]",
                                        "num_prompts=2", "max_new_tokens=32", "batch_size=2", "progress=false",
-                                       "eval.domains=[code,math]",
-                                       "vllm_engine_args={enforce_eager: true, max_model_len: 512}",
+                                       "eval.domains=[code,math]", *VLLM_ARGS[engine],
                                        f"output_dir={tmp_path / engine}"])
         return compare_methods(cfg)
 
-    dmtp_name = load_block_drafter(dmtp_drafter_dir)[0].method_name   # the default trains the MTP correction too
+    dmtp_name = load_block_drafter(dmtp_drafter_dir)[0].method_name   # this drafter trains the MTP correction too
     ours, theirs = run("dmtp"), run("vllm")
     assert theirs["run"]["engine"] == "vllm" and theirs["run"]["injection"] == dmtp_name
     assert "acceptance length (tau" in capsys.readouterr().out
