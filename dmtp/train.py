@@ -27,8 +27,11 @@ def _hydra_main(cfg: DictConfig) -> float | None:
         print(apply_threads(cfg.get("threads")))
         from dmtp.training.job import train
 
-        summary = train(cfg, overrides=list(HydraConfig.get().overrides.task),   # what resume= may take
-                        record=hydra_record(cfg))                                 # written once the run holds its dir
+        overrides = list(HydraConfig.get().overrides.task)
+        summary = train(cfg, overrides=overrides,      # what resume= may take
+                        record=hydra_record(cfg))      # written once the run holds its dir
+    if not overrides and HydraConfig.get().mode.name == "RUN":   # the quick start: the next command to run
+        print("[dmtp] the same beside raw DFlash trained alike, one table: python -m dmtp.train -m +sweep=quickstart")
     return summary.get("val/tau")
 
 

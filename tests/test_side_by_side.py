@@ -52,3 +52,18 @@ def test_the_quickstart_sweep_trains_the_default_and_raw_dflash_alike():
     default = compose_train(tiny=False)
     for group in ("model", "data", "drafter", "trainer", "decode_eval", "target", "injection"):
         assert raw[group] == default[group], group   # job 0 is the default run; job 1 swaps the variant only
+
+
+def test_the_quick_start_run_names_the_command_that_adds_raw_dflash(tmp_path, monkeypatch, capsys):
+    """`python -m dmtp.train` with no argument (the quick start) ends with the sweep that puts raw DFlash beside it;
+    a run with any override does not (the job itself stands in: its table is the protocol's, tested elsewhere)."""
+    from cli_runner import run_command
+
+    import dmtp.training.job as job
+
+    monkeypatch.setattr(job, "train", lambda cfg, **kwargs: {})
+    tip = "[dmtp] the same beside raw DFlash trained alike, one table: python -m dmtp.train -m +sweep=quickstart"
+    code, _, out = run_command("dmtp.train", [], tmp_path / "run", monkeypatch, capsys)
+    assert code == 0 and out.strip().splitlines()[-1] == tip
+    code, _, out = run_command("dmtp.train", ["seed=1"], tmp_path / "other", monkeypatch, capsys)
+    assert code == 0 and tip not in out

@@ -1,5 +1,5 @@
 """docs/results.md §12's tables: the seed's experiment in the seed's regime (drafters trained on code, prose and math;
-held-out prompt sets), from the study directory that /work/study/run_all.sh fills (README of docs/results/seed/):
+held-out prompt sets), from a study directory filled by the commands of docs/results/12-seed-regime.md:
 
     <root>/regime/seed<N>/     python -m dmtp.train -m +sweep=regime_study seed=N ...   (§11's rows + DMTP(D2))
     <root>/ablation/seed<N>/   python -m dmtp.train -m +sweep=seed_ablation seed=N ...  (the seed's other variants)
@@ -270,6 +270,60 @@ def speed(S: dict, recipes: dict) -> str:
     return "\n".join(out)
 
 
+BASELINES = ("ar", "mtp415", "mtp:7")
+BAR = 0.75   # issue 63's bars: the seed's lowest drafter/MTP ratio (Alpaca 0.78) and its held-out floor (0.88-0.90)
+
+
+def bars(S: dict) -> str:
+    """The regime's bars (greedy): no trained block drafter below 0.75 x MTP415 on an in-distribution workload; raw
+    DFlash >= 0.75 x MTP415 on the held-out sets. Then the seed's orderings: DMTP > DFlash and DMTP(D2) > DFlash2 on
+    every workload and mode (paired interval above zero), DMTP's T1 >= DFlash's + 5 points."""
+    out = ["\n\n## The regime's bars and the seed's orderings\n",
+           f"Greedy tau / MTP415's greedy tau on the same prompts (the bar: >= {BAR}); then, per mode, on how many of the "
+           "five workloads each ordering holds (paired interval above zero; T1 gap >= 5 points).\n"]
+    greedy = S.get("greedy", {})
+    rows = []
+    drafters = sorted({m for wl in ("code", "prose", "math") for m in greedy.get(wl, {}) if m not in BASELINES},
+                      key=lambda m: list(NAMES).index(m) if m in NAMES else 99)
+    for m in drafters:
+        ratios = {wl: tau_of(greedy[wl].get(m)) / tau_of(greedy[wl]["mtp415"])
+                  for wl in ("code", "prose", "math") if greedy.get(wl, {}).get(m) and greedy[wl].get("mtp415")}
+        low = min(ratios.values())
+        rows.append([name(m)] + [f"{ratios[wl]:.2f}" for wl in ("code", "prose", "math")]
+                    + [f"{low:.2f} {'holds' if low >= BAR else 'fails'}"])
+    out.append("\n**In-distribution: each trained drafter's greedy tau / MTP415's**\n")
+    out.append(table(["drafter", "code", "prose", "math", f"lowest (bar {BAR})"], rows))
+    rows = []
+    for wl in ("code_tasks", "prose_tasks", "held out"):
+        p = greedy.get(wl, {})
+        if p.get("raw_dflash") and p.get("mtp415"):
+            r = tau_of(p["raw_dflash"]) / tau_of(p["mtp415"])
+            rows.append([wl, f"{tau_of(p['raw_dflash']):.3f}", f"{tau_of(p['mtp415']):.3f}",
+                         f"{r:.2f} {'holds' if r >= BAR else 'fails'}"])
+    out.append("\n**Held out: raw DFlash's greedy tau / MTP415's** (the seed's DFlash on MT-Bench: 0.88-0.90)\n")
+    out.append(table(["held-out set", "raw DFlash", "MTP415", f"ratio (bar {BAR})"], rows))
+    rows = []
+    for mode in [m for m in ("greedy", "T=1 rejection", "T=1 block", "T=1 target_only") if m in S]:
+        row = [mode]
+        for dmtp, base in (("dual_anchor_zero_init", "raw_dflash"),
+                           ("dual_anchor_zero_init+dflash2", "raw_dflash+dflash2")):
+            wins = gaps = n = 0
+            for wl in WORKLOADS[:5]:
+                p = S[mode].get(wl, {})
+                c = change(p.get(dmtp), p.get(base))
+                if c is None:
+                    continue
+                n += 1
+                wins += c[1] > 0
+                t1d, t1b = t1_of(p.get(dmtp)), t1_of(p.get(base))
+                gaps += t1d is not None and t1b is not None and 100 * (t1d - t1b) >= 5
+            row += [f"{wins} of {n}", f"{gaps} of {n}"]
+        rows.append(row)
+    out.append("\n**The seed's orderings, workload by workload**\n")
+    out.append(table(["mode", "DMTP > DFlash", "T1 gap >= 5 pts", "DMTP(D2) > DFlash2", "T1 gap >= 5 pts"], rows))
+    return "\n".join(out)
+
+
 def main(root: str) -> None:
     root = Path(root)
     seeds = sorted(root.glob("regime/seed*"))
@@ -282,6 +336,7 @@ def main(root: str) -> None:
     print(ablation(ablation_s))
     print(continuation(samples(*sorted(root.glob("continued/seed*"))), samples(*sorted(root.glob("scratch/seed*")))))
     print(pairs(regime))
+    print(bars(regime))
     print(conditional(regime))
     print(study(regime))
     print(speed(regime, protocol_recipes(regime_rows)))
