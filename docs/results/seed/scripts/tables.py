@@ -7,6 +7,7 @@ held-out prompt sets), from a study directory filled by the commands of docs/res
     <root>/scratch/seed<N>/    the same M steps from scratch
 
     python docs/results/seed/scripts/tables.py <root> > docs/results/seed/tables.md
+    python docs/results/seed/scripts/tables.py <root> --summary     (the headline tables of §12's page)
 
 Every tau is per request with its 95% interval over seeds x prompts; every change is paired (the same prompts, the
 drafters of the same seed) with its two-level bootstrap interval (dmtp.reports.intervals.paired_ratio)."""
@@ -324,12 +325,97 @@ def bars(S: dict) -> str:
     return "\n".join(out)
 
 
-def main(root: str) -> None:
+COMMANDS = {"mtp415": "(none: the target's MTP)", "mtp:7": "(none: the target's MTP)",
+            "raw_dflash": "`injection=raw_dflash`", "raw_dflash+dflash2": "`injection=raw_dflash drafter=dflash2`",
+            "raw_dflash+dspark": "`injection=raw_dflash drafter=dspark`",
+            "dual_anchor_zero_init": "`python -m dmtp.train` (the default)",
+            "dual_anchor_zero_init+dflash2": "`drafter=dflash2`", "dual_anchor_zero_init+dspark": "`drafter=dspark`",
+            "dual_anchor_zero_init+dspark+mtp_correction": "`experiment=greedy`"}
+# The seed's readings of its ablation as pairs (first over second); the last two are the toolkit's zero-init rows.
+SEED_CONTRASTS = [("fusion_t1", "hidden_residual_t1"), ("six_mask_residual", "hidden_residual_t1"),
+                  ("dual_anchor_fusion", "fusion_t1"), ("zero_init_t1", "fusion_t1"),
+                  ("dual_anchor_zero_init", "zero_init_t1"), ("dual_anchor_zero_init", "mtp415"),
+                  ("dual_anchor_zero_init", "mtp:7")]
+SHIP_ORDER = ["mtp415", "mtp:7", "raw_dflash", "raw_dflash+dflash2", "raw_dflash+dspark", "dual_anchor_zero_init",
+              "dual_anchor_zero_init+dflash2", "dual_anchor_zero_init+dspark",
+              "dual_anchor_zero_init+dspark+mtp_correction"]
+
+
+def _speedup(S: dict, recipes: dict, mode: str, method: str, split: str = "all", batch: int = 1) -> str:
+    per_seed = S.get(mode, {}).get(split, {}).get(method)
+    if not per_seed or method not in recipes.get(mode, {}):
+        return "-"
+    verify = float(np.mean([s.get("tau_verify") or np.nan for s in per_seed.values()]))
+    return projected_speedup(recipes[mode][method], verify, PROFILE, batch).cell()
+
+
+def summary(S: dict, recipes: dict, A: dict) -> str:
+    """The page's headline tables: which drafter to ship (tau and projected speed-up at 8B b1, all workloads), the
+    ablation as paired changes over token-only, DMTP over its backbone."""
+    methods = [m for m in SHIP_ORDER if m in S.get("greedy", {}).get("all", {})]
+    methods += sorted(m for m in S.get("greedy", {}).get("all", {}) if m.startswith("multi_mtp"))
+    rows = []
+    for m in methods:
+        rows.append([name(m), COMMANDS.get(m, "`experiment=sampled`"),
+                     tau_cell(S["greedy"]["all"].get(m)), _speedup(S, recipes, "greedy", m),
+                     tau_cell(S.get("T=1 rejection", {}).get("all", {}).get(m)),
+                     _speedup(S, recipes, "T=1 rejection", m), _speedup(S, recipes, "T=1 target_only", m)])
+    out = ["**Which drafter to ship** (all workloads; tau per request [95% interval over seeds x prompts]; x b1: "
+           f"projected speed-up over AR at Qwen3-8B / H200 batch 1, profile `{PROFILE}`)\n",
+           table(["method", "train it with", "greedy tau", "greedy x b1", "T=1 rejection tau", "T=1 rej. x b1",
+                  "T=1 target-only x b1"], rows)]
+    rows = []
+    for v in VARIANTS:
+        if v == "token_only":
+            continue
+        seed_ratio = f"{100 * (SEED_CODE[v] / SEED_CODE['token_only'] - 1):+.1f}%" if v in SEED_CODE else "-"
+        row = [v, change_cell(change(A.get("greedy", {}).get("code", {}).get(v),
+                                     A.get("greedy", {}).get("code", {}).get("token_only"))), seed_ratio]
+        for mode in ABLATION_MODES:
+            allw = A.get(mode, {}).get("all", {})
+            row.append(change_cell(change(allw.get(v), allw.get("token_only"))))
+        rows.append(row)
+    out += ["\n**The ablation** (paired change over token-only, the seed's reference row)\n",
+            table(["variant", "greedy, code", "the seed's code column", "greedy, all", "T=1 rejection, all",
+                   "T=1 target-only, all"], rows)]
+    rows = []
+    for a, b in SEED_CONTRASTS:
+        seed = f"{100 * (SEED_CODE[a] / SEED_CODE[b] - 1):+.1f}%" if a in SEED_CODE and b in SEED_CODE else "-"
+        row = [f"{a} vs {b}", change_cell(change(A.get("greedy", {}).get("code", {}).get(a),
+                                                  A.get("greedy", {}).get("code", {}).get(b))), seed]
+        for mode in ABLATION_MODES:
+            allw = A.get(mode, {}).get("all", {})
+            row.append(change_cell(change(allw.get(a), allw.get(b))))
+        rows.append(row)
+    out += ["\n**The seed's pairwise readings of its ablation** (paired change of the first over the second)\n",
+            table(["contrast", "greedy, code", "the seed's code column", "greedy, all", "T=1 rejection, all",
+                   "T=1 target-only, all"], rows)]
+    rows = []
+    for mode in [m for m in ("greedy", "T=1 rejection", "T=1 block", "T=1 target_only") if m in S]:
+        row = [mode]
+        for dmtp, base in (("dual_anchor_zero_init", "raw_dflash"),
+                           ("dual_anchor_zero_init+dflash2", "raw_dflash+dflash2")):
+            for split in ("in-distribution", "held out", "all"):
+                p = S[mode].get(split, {})
+                row.append(change_cell(change(p.get(dmtp), p.get(base))))
+            t1d, t1b = t1_of(S[mode]["all"].get(dmtp)), t1_of(S[mode]["all"].get(base))
+            row.append("-" if t1d is None or t1b is None else f"{100 * (t1d - t1b):+.1f}")
+        rows.append(row)
+    out += ["\n**DMTP over its backbone** (paired change; T1 gap in points, all workloads)\n",
+            table(["mode", "DMTP vs DFlash: in-dist.", "held out", "all", "T1 gap", "DMTP(D2) vs DFlash2: in-dist.",
+                   "held out", "all", "T1 gap"], rows)]
+    return "\n".join(out)
+
+
+def main(root: str, headline: bool = False) -> None:
     root = Path(root)
     seeds = sorted(root.glob("regime/seed*"))
     regime_rows = rows_of(*seeds)
     regime = protocol_samples(regime_rows)
     ablation_s = samples(*seeds, *sorted(root.glob("ablation/seed*")))
+    if headline:
+        print(summary(regime, protocol_recipes(regime_rows), ablation_s))
+        return
     print("# The seed's experiment in the seed's regime (docs/results.md §12)\n")
     print(f"Sweeps under `{root.name}/`: regime {len(seeds)} seed(s), ablation "
           f"{len(list(root.glob('ablation/seed*')))}, continuation {len(list(root.glob('continued/seed*')))}.\n")
@@ -343,4 +429,4 @@ def main(root: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], headline="--summary" in sys.argv[2:])
