@@ -30,6 +30,22 @@ def add_machine_args(ap: argparse.ArgumentParser, *, device: str | None = "auto"
     ap.add_argument("--out", default=None, help="write the JSON report here")
 
 
+def add_attention_head_args(ap: argparse.ArgumentParser) -> None:
+    """--heads, --kv-heads, --head-dim at Qwen3-8B's widths (32 query / 8 K/V heads x 128); `check_attention_heads`
+    after parsing."""
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=128)
+
+
+def check_attention_heads(ap: argparse.ArgumentParser, args) -> None:
+    """Grouped-query attention's rule: whole query heads per K/V head, every width >= 1 (argparse's one-line error)."""
+    if min(args.heads, args.kv_heads, args.head_dim) < 1:
+        ap.error("--heads, --kv-heads and --head-dim must be >= 1")
+    if args.heads % args.kv_heads:
+        ap.error(f"--heads ({args.heads}) must be a multiple of --kv-heads ({args.kv_heads})")
+
+
 def write_report(path: str | None, report) -> None:
     """The JSON report every script ends with (--out), and one line saying where it went; nothing without --out."""
     if not path:

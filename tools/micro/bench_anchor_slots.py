@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from dmtp.bench.args import add_machine_args, write_report
+from dmtp.bench.args import add_attention_head_args, add_machine_args, check_attention_heads, write_report
 from dmtp.drafters.dflash import CachedContext, DFlashConfig, DFlashDrafter
 from dmtp.models.qwen3 import KVCache
 
@@ -71,14 +71,11 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--intermediate", type=int, default=12288)
-    ap.add_argument("--heads", type=int, default=32)
-    ap.add_argument("--kv-heads", type=int, default=8)
-    ap.add_argument("--head-dim", type=int, default=128)
+    add_attention_head_args(ap)
     ap.add_argument("--reps", type=int, default=9)
     add_machine_args(ap, device="cpu", dtype="bfloat16", threads=0)
     args = ap.parse_args(argv)
-    if args.heads % args.kv_heads:
-        ap.error(f"--heads ({args.heads}) must be a multiple of --kv-heads ({args.kv_heads})")
+    check_attention_heads(ap, args)
     if min(args.reps, args.layers, args.hidden, args.context, *args.batch_sizes) < 1:
         ap.error("--reps, --layers, --hidden, --context and --batch-sizes must be >= 1")
     if args.threads:

@@ -14,7 +14,7 @@ import time
 import torch
 
 
-from dmtp.bench.args import add_machine_args, write_report
+from dmtp.bench.args import add_attention_head_args, add_machine_args, check_attention_heads, write_report
 from dmtp.models.qwen3 import additive_mask, attend, set_gqa_mode  # noqa: E402
 
 MODES = ("repeat", "grouped", "native")
@@ -49,14 +49,13 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 16], help="query rows per request (1: AR, 16: a verify)")
     ap.add_argument("--slots", type=int, nargs="+", default=[256, 2048], help="cache slots attended")
-    ap.add_argument("--heads", type=int, default=32)
-    ap.add_argument("--kv-heads", type=int, default=8)
-    ap.add_argument("--head-dim", type=int, default=128)
+    add_attention_head_args(ap)
     ap.add_argument("--reps", type=int, default=7)
     add_machine_args(ap, device="cpu", dtype="float32", threads=0)
     args = ap.parse_args(argv)
-    if args.heads % args.kv_heads or args.kv_heads >= args.heads:
-        ap.error(f"--heads ({args.heads}) must be a multiple of --kv-heads ({args.kv_heads}) and larger")
+    check_attention_heads(ap, args)
+    if args.kv_heads >= args.heads:   # the grouped path is what it times
+        ap.error(f"--heads ({args.heads}) must be larger than --kv-heads ({args.kv_heads})")
     if args.reps < 1 or min(args.batch_sizes + args.rows + args.slots) < 1:
         ap.error("--reps, --batch-sizes, --rows and --slots must be positive")
     if args.threads:

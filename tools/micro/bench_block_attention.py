@@ -17,7 +17,7 @@ import torch
 
 
 import dmtp.drafters.dflash as dflash  # noqa: E402
-from dmtp.bench.args import add_machine_args, write_report
+from dmtp.bench.args import add_attention_head_args, add_machine_args, check_attention_heads, write_report
 from dmtp.drafters.dflash import attend_context_and_blocks, block_groups, dflash_attention_mask  # noqa: E402
 from dmtp.models.qwen3 import additive_mask  # noqa: E402
 
@@ -67,14 +67,11 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--context", type=int, default=2048, help="sequence length: context slots")
     ap.add_argument("--blocks", type=int, default=512, help="anchors per row")
     ap.add_argument("--block", type=int, default=16, help="rows per block")
-    ap.add_argument("--heads", type=int, default=32)
-    ap.add_argument("--kv-heads", type=int, default=8)
-    ap.add_argument("--head-dim", type=int, default=128)
+    add_attention_head_args(ap)
     ap.add_argument("--reps", type=int, default=3)
     add_machine_args(ap, device="cpu", dtype="float32", threads=0)
     args = ap.parse_args(argv)
-    if args.heads % args.kv_heads:
-        ap.error(f"--heads ({args.heads}) must be a multiple of --kv-heads ({args.kv_heads})")
+    check_attention_heads(ap, args)
     if args.blocks + args.block > args.context:
         ap.error(f"--blocks ({args.blocks}) anchors need a --context longer than blocks + block")
     if args.reps < 1 or min(args.batch, args.blocks, args.block, args.heads, args.head_dim) < 1:

@@ -26,7 +26,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 
-from dmtp.bench.args import add_machine_args, write_report
+from dmtp.bench.args import add_attention_head_args, add_machine_args, check_attention_heads, write_report
 from dmtp.drafters.dflash import CachedContext, DFlashConfig, DFlashDrafter  # noqa: E402
 from dmtp.models.qwen3 import KVCache  # noqa: E402
 
@@ -99,14 +99,11 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--block", type=int, default=16)
     ap.add_argument("--layers", type=int, default=5)
     ap.add_argument("--hidden", type=int, default=256, help="Qwen3-8B's is 4096; K/V bytes do not depend on it")
-    ap.add_argument("--heads", type=int, default=32)
-    ap.add_argument("--kv-heads", type=int, default=8)
-    ap.add_argument("--head-dim", type=int, default=128)
+    add_attention_head_args(ap)
     ap.add_argument("--reps", type=int, default=5)
     add_machine_args(ap, device="cpu", dtype="float32", threads=0)
     args = ap.parse_args(argv)
-    if args.heads % args.kv_heads:
-        ap.error(f"--heads ({args.heads}) must be a multiple of --kv-heads ({args.kv_heads})")
+    check_attention_heads(ap, args)
     if min(args.reps, args.layers, args.hidden, *args.batch_sizes, *args.contexts) < 1:
         ap.error("--reps, --layers, --hidden, --batch-sizes and --contexts must be positive")
     if args.threads:
